@@ -377,7 +377,8 @@ impl ControlUpdate {
         self == &Self::default()
     }
 
-    fn merge_from(&mut self, later: Self) {
+    /// Folds `later` into `self`; fields `later` sets win.
+    pub fn merge_from(&mut self, later: Self) {
         self.reclassification_count = later.reclassification_count.or(self.reclassification_count);
         self.reclassification_reason = later.reclassification_reason.or_earlier(std::mem::take(&mut self.reclassification_reason));
         self.planning_attempts = later.planning_attempts.or(self.planning_attempts);

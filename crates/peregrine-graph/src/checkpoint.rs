@@ -259,7 +259,11 @@ pub trait Checkpointer: Send + Sync + 'static {
     fn put(&self, checkpoint: NewCheckpoint) -> impl Future<Output = Result<CheckpointMeta, CheckpointError>> + Send;
     /// Loads a checkpoint (the newest when `checkpoint_id` is `None`) with what is needed to
     /// rebuild its state; `None` when the thread or checkpoint does not exist.
-    fn load(&self, thread_id: &str, checkpoint_id: Option<CheckpointId>) -> impl Future<Output = Result<Option<LoadedCheckpoint>, CheckpointError>> + Send;
+    fn load(
+        &self,
+        thread_id: &str,
+        checkpoint_id: Option<CheckpointId>,
+    ) -> impl Future<Output = Result<Option<LoadedCheckpoint>, CheckpointError>> + Send;
     /// Lists checkpoint metadata, newest first.
     fn list(&self, thread_id: &str, query: ListQuery) -> impl Future<Output = Result<Vec<CheckpointMeta>, CheckpointError>> + Send;
     /// Lists threads, most recently updated first.
@@ -280,7 +284,11 @@ pub trait DynCheckpointer: Send + Sync + 'static {
     /// See [`Checkpointer::put`].
     fn put_boxed(&self, checkpoint: NewCheckpoint) -> BoxFuture<'_, Result<CheckpointMeta, CheckpointError>>;
     /// See [`Checkpointer::load`].
-    fn load_boxed<'a>(&'a self, thread_id: &'a str, checkpoint_id: Option<CheckpointId>) -> BoxFuture<'a, Result<Option<LoadedCheckpoint>, CheckpointError>>;
+    fn load_boxed<'a>(
+        &'a self,
+        thread_id: &'a str,
+        checkpoint_id: Option<CheckpointId>,
+    ) -> BoxFuture<'a, Result<Option<LoadedCheckpoint>, CheckpointError>>;
     /// See [`Checkpointer::list`].
     fn list_boxed<'a>(&'a self, thread_id: &'a str, query: ListQuery) -> BoxFuture<'a, Result<Vec<CheckpointMeta>, CheckpointError>>;
     /// See [`Checkpointer::threads`].
@@ -297,7 +305,11 @@ impl<C: Checkpointer> DynCheckpointer for C {
     fn put_boxed(&self, checkpoint: NewCheckpoint) -> BoxFuture<'_, Result<CheckpointMeta, CheckpointError>> {
         Box::pin(self.put(checkpoint))
     }
-    fn load_boxed<'a>(&'a self, thread_id: &'a str, checkpoint_id: Option<CheckpointId>) -> BoxFuture<'a, Result<Option<LoadedCheckpoint>, CheckpointError>> {
+    fn load_boxed<'a>(
+        &'a self,
+        thread_id: &'a str,
+        checkpoint_id: Option<CheckpointId>,
+    ) -> BoxFuture<'a, Result<Option<LoadedCheckpoint>, CheckpointError>> {
         Box::pin(self.load(thread_id, checkpoint_id))
     }
     fn list_boxed<'a>(&'a self, thread_id: &'a str, query: ListQuery) -> BoxFuture<'a, Result<Vec<CheckpointMeta>, CheckpointError>> {

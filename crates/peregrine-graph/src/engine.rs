@@ -22,8 +22,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{
-    CheckpointId, CheckpointMeta, CheckpointSource, Checkpointer, DynCheckpointer, ListQuery, NewCheckpoint, PendingInterrupt, ResumeRecord, ThreadLock,
-    ThreadSummary,
+    CheckpointId, CheckpointMeta, CheckpointSource, Checkpointer, DynCheckpointer, ListQuery, NewCheckpoint, PendingInterrupt,
+    ResumeRecord, ThreadLock, ThreadSummary,
 };
 use crate::error::{CheckpointLabel, RunError};
 use crate::events::RunEvent;
@@ -216,7 +216,14 @@ pub struct GraphBuilder<S: GraphState> {
 
 impl<S: GraphState> Default for GraphBuilder<S> {
     fn default() -> Self {
-        Self { nodes: HashMap::new(), duplicate: None, router: None, terminal: HashSet::new(), checkpointer: None, limits: GraphLimits::default() }
+        Self {
+            nodes: HashMap::new(),
+            duplicate: None,
+            router: None,
+            terminal: HashSet::new(),
+            checkpointer: None,
+            limits: GraphLimits::default(),
+        }
     }
 }
 
@@ -281,7 +288,15 @@ impl<S: GraphState> GraphBuilder<S> {
         if let Some(unknown) = self.terminal.iter().find(|name| !self.nodes.contains_key(name.as_str())) {
             return Err(BuildError::UnknownTerminal(unknown.clone()));
         }
-        Ok(Graph { inner: Arc::new(Inner { nodes: self.nodes, router, terminal: self.terminal, checkpointer: self.checkpointer, limits: self.limits }) })
+        Ok(Graph {
+            inner: Arc::new(Inner {
+                nodes: self.nodes,
+                router,
+                terminal: self.terminal,
+                checkpointer: self.checkpointer,
+                limits: self.limits,
+            }),
+        })
     }
 }
 
@@ -393,7 +408,11 @@ impl<S: GraphState> Graph<S> {
         let _lock = self.lock(thread_id).await?;
         let (mut state, mut tip) = self.load_or_default(thread_id).await?;
         if let Some(interrupt) = tip.meta.as_ref().and_then(|meta| meta.interrupt.as_ref()) {
-            return Err(RunError::PendingInterrupt { thread_id: thread_id.into(), interrupt_id: interrupt.id.clone(), node: interrupt.node.clone() });
+            return Err(RunError::PendingInterrupt {
+                thread_id: thread_id.into(),
+                interrupt_id: interrupt.id.clone(),
+                node: interrupt.node.clone(),
+            });
         }
         let ctx = self.run_ctx(thread_id, Arc::from(uuid::Uuid::new_v4().to_string()), &opts);
         ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id: ctx.run_id.to_string() });
@@ -443,10 +462,17 @@ impl<S: GraphState> Graph<S> {
 
     /// Time travel: starts a new run from an earlier checkpoint, optionally applying `input`
     /// first. The new checkpoints branch off that checkpoint; the old branch is kept.
-    pub async fn run_from(&self, thread_id: &str, checkpoint_id: CheckpointId, input: Option<S::Update>, opts: RunOptions<S::Event>) -> Result<RunOutcome<S>, RunError> {
+    pub async fn run_from(
+        &self,
+        thread_id: &str,
+        checkpoint_id: CheckpointId,
+        input: Option<S::Update>,
+        opts: RunOptions<S::Event>,
+    ) -> Result<RunOutcome<S>, RunError> {
         let _lock = self.lock(thread_id).await?;
         let (mut state, mut tip) = self.load(thread_id, Some(checkpoint_id)).await?;
-        let origin = tip.meta.clone().ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: Some(checkpoint_id) })?;
+        let origin =
+            tip.meta.clone().ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: Some(checkpoint_id) })?;
         let ctx = self.run_ctx(thread_id, Arc::from(uuid::Uuid::new_v4().to_string()), &opts);
         ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id: ctx.run_id.to_string() });
         // With new input the branch is routed afresh; without, it continues where the origin stood.
@@ -493,7 +519,9 @@ impl<S: GraphState> Graph<S> {
 
     /// The thread's state at a checkpoint.
     pub async fn state_at(&self, thread_id: &str, checkpoint_id: CheckpointId) -> Result<StateSnapshot<S>, RunError> {
-        self.state_at_opt(thread_id, Some(checkpoint_id)).await?.ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: Some(checkpoint_id) })
+        self.state_at_opt(thread_id, Some(checkpoint_id))
+            .await?
+            .ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: Some(checkpoint_id) })
     }
 
     async fn state_at_opt(&self, thread_id: &str, checkpoint_id: Option<CheckpointId>) -> Result<Option<StateSnapshot<S>>, RunError> {
@@ -577,7 +605,13 @@ impl<S: GraphState> Graph<S> {
     }
 
     /// Applies the write's update and stores the checkpoint (when there is a checkpointer).
-    async fn persist(&self, ctx: &RunCtx<'_, S::Event>, state: &mut Arc<S>, tip: &mut Tip, write: Write<S::Update>) -> Result<(), RunError> {
+    async fn persist(
+        &self,
+        ctx: &RunCtx<'_, S::Event>,
+        state: &mut Arc<S>,
+        tip: &mut Tip,
+        write: Write<S::Update>,
+    ) -> Result<(), RunError> {
         let Some(checkpointer) = &self.inner.checkpointer else {
             Arc::make_mut(state).apply(write.update);
             return Ok(());
@@ -607,7 +641,12 @@ impl<S: GraphState> Graph<S> {
         let meta = checkpointer.put_boxed(checkpoint).await?;
         *tip = match snapshot_len {
             Some(snapshot_bytes) => Tip { meta: Some(meta), snapshot_bytes, delta_bytes: 0, deltas: 0 },
-            None => Tip { meta: Some(meta), snapshot_bytes: tip.snapshot_bytes, delta_bytes: tip.delta_bytes + delta_len, deltas: tip.deltas + 1 },
+            None => Tip {
+                meta: Some(meta),
+                snapshot_bytes: tip.snapshot_bytes,
+                delta_bytes: tip.delta_bytes + delta_len,
+                deltas: tip.deltas + 1,
+            },
         };
         Ok(())
     }
@@ -651,7 +690,14 @@ impl<S: GraphState> Graph<S> {
         }
     }
 
-    fn interrupted(&self, ctx: &RunCtx<'_, S::Event>, how: Interruption, state: Arc<S>, tip: &Tip, doing: String) -> Result<RunOutcome<S>, RunError> {
+    fn interrupted(
+        &self,
+        ctx: &RunCtx<'_, S::Event>,
+        how: Interruption,
+        state: Arc<S>,
+        tip: &Tip,
+        doing: String,
+    ) -> Result<RunOutcome<S>, RunError> {
         match how {
             Interruption::Cancelled => Ok(RunOutcome::Cancelled { state, checkpoint_id: tip.id() }),
             Interruption::TimedOut => Err(RunError::TimeLimit {
@@ -682,7 +728,9 @@ impl<S: GraphState> Graph<S> {
                     ctx.send(RunEvent::Interrupted { interrupt: interrupt.clone() });
                     return Ok(RunOutcome::Interrupted { state, interrupt, checkpoint_id });
                 }
-                Next::Abort(message) => return Err(RunError::RouterAborted { thread_id: ctx.thread_id.to_string(), message, checkpoint: tip.label() }),
+                Next::Abort(message) => {
+                    return Err(RunError::RouterAborted { thread_id: ctx.thread_id.to_string(), message, checkpoint: tip.label() });
+                }
             };
             let Some((name, node)) = self.inner.nodes.get_key_value(node_name.as_str()) else {
                 let mut known: Vec<String> = self.inner.nodes.keys().map(|name| name.to_string()).collect();
@@ -690,7 +738,12 @@ impl<S: GraphState> Graph<S> {
                 return Err(RunError::UnknownNode { node: node_name, known });
             };
             if run_step >= ctx.limits.recursion_limit {
-                return Err(RunError::RecursionLimit { thread_id: ctx.thread_id.to_string(), limit: ctx.limits.recursion_limit, next_node: node_name, checkpoint: tip.label() });
+                return Err(RunError::RecursionLimit {
+                    thread_id: ctx.thread_id.to_string(),
+                    limit: ctx.limits.recursion_limit,
+                    next_node: node_name,
+                    checkpoint: tip.label(),
+                });
             }
             if !delay.is_zero() {
                 ctx.send(RunEvent::Waiting { node: node_name.clone(), delay });
@@ -714,11 +767,25 @@ impl<S: GraphState> Graph<S> {
             let output = match Self::guarded(ctx, running).await {
                 Ok(Ok(Ok(output))) => output,
                 Ok(Ok(Err(error))) => {
-                    return Err(RunError::Aborted { thread_id: ctx.thread_id.to_string(), node: node_name, message: error.message, checkpoint: tip.label() });
+                    return Err(RunError::Aborted {
+                        thread_id: ctx.thread_id.to_string(),
+                        node: node_name,
+                        message: error.message,
+                        checkpoint: tip.label(),
+                    });
                 }
                 Ok(Err(panic)) => {
-                    let message = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_else(|| "unknown panic".into());
-                    return Err(RunError::NodePanicked { thread_id: ctx.thread_id.to_string(), node: node_name, message, checkpoint: tip.label() });
+                    let message = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    return Err(RunError::NodePanicked {
+                        thread_id: ctx.thread_id.to_string(),
+                        node: node_name,
+                        message,
+                        checkpoint: tip.label(),
+                    });
                 }
                 Err(how) => return self.interrupted(ctx, how, state, &tip, format!("running node '{node_name}'")),
             };
@@ -726,7 +793,14 @@ impl<S: GraphState> Graph<S> {
             let duration = started.elapsed();
             match output {
                 NodeOutput::Update(update) => {
-                    let write = Write { source: CheckpointSource::Loop, node: Some(node_name.clone()), update, run_step, interrupt: None, resume: None };
+                    let write = Write {
+                        source: CheckpointSource::Loop,
+                        node: Some(node_name.clone()),
+                        update,
+                        run_step,
+                        interrupt: None,
+                        resume: None,
+                    };
                     self.persist(ctx, &mut state, &mut tip, write).await?;
                     ctx.send(RunEvent::NodeFinished { node: node_name, step: run_step, checkpoint_id: tip.id(), duration });
                 }
@@ -734,8 +808,20 @@ impl<S: GraphState> Graph<S> {
                     if self.inner.checkpointer.is_none() {
                         return Err(RunError::InterruptWithoutCheckpointer { node: node_name });
                     }
-                    let interrupt = PendingInterrupt { id: uuid::Uuid::new_v4().to_string(), node: node_name.clone(), digest: payload_digest(&payload), payload };
-                    let write = Write { source: CheckpointSource::Loop, node: Some(node_name.clone()), update, run_step, interrupt: Some(interrupt), resume: None };
+                    let interrupt = PendingInterrupt {
+                        id: uuid::Uuid::new_v4().to_string(),
+                        node: node_name.clone(),
+                        digest: payload_digest(&payload),
+                        payload,
+                    };
+                    let write = Write {
+                        source: CheckpointSource::Loop,
+                        node: Some(node_name.clone()),
+                        update,
+                        run_step,
+                        interrupt: Some(interrupt),
+                        resume: None,
+                    };
                     self.persist(ctx, &mut state, &mut tip, write).await?;
                     ctx.send(RunEvent::NodeFinished { node: node_name, step: run_step, checkpoint_id: tip.id(), duration });
                 }

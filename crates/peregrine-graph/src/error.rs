@@ -10,7 +10,9 @@ use crate::checkpoint::{CheckpointError, CheckpointId};
 #[non_exhaustive]
 pub enum RunError {
     /// A node failed fatally.
-    #[error("run aborted by node '{node}' in thread '{thread_id}': {message}. The last checkpoint ({checkpoint}) is kept; fix the cause and start a new turn")]
+    #[error(
+        "run aborted by node '{node}' in thread '{thread_id}': {message}. The last checkpoint ({checkpoint}) is kept; fix the cause and start a new turn"
+    )]
     Aborted {
         /// The thread.
         thread_id: String,
@@ -22,7 +24,9 @@ pub enum RunError {
         checkpoint: CheckpointLabel,
     },
     /// The router decided to abort (a FATAL error in state).
-    #[error("run aborted in thread '{thread_id}': {message}. The last checkpoint ({checkpoint}) is kept; fix the cause and start a new turn")]
+    #[error(
+        "run aborted in thread '{thread_id}': {message}. The last checkpoint ({checkpoint}) is kept; fix the cause and start a new turn"
+    )]
     RouterAborted {
         /// The thread.
         thread_id: String,
@@ -32,7 +36,9 @@ pub enum RunError {
         checkpoint: CheckpointLabel,
     },
     /// Too many node executions in one run.
-    #[error("run stopped in thread '{thread_id}' after {limit} node executions (graph_recursion_limit) before running '{next_node}'; this usually means a loop. The last checkpoint ({checkpoint}) is kept; raise execution_control.limits.graph_recursion_limit if the work really needs more steps")]
+    #[error(
+        "run stopped in thread '{thread_id}' after {limit} node executions (graph_recursion_limit) before running '{next_node}'; this usually means a loop. The last checkpoint ({checkpoint}) is kept; raise execution_control.limits.graph_recursion_limit if the work really needs more steps"
+    )]
     RecursionLimit {
         /// The thread.
         thread_id: String,
@@ -44,7 +50,9 @@ pub enum RunError {
         checkpoint: CheckpointLabel,
     },
     /// The run took longer than its wall-clock budget.
-    #[error("run stopped in thread '{thread_id}' after exceeding its time budget of {limit:?} (max_execution_time_seconds) while {doing}. The last checkpoint ({checkpoint}) is kept; raise the limit or continue the thread")]
+    #[error(
+        "run stopped in thread '{thread_id}' after exceeding its time budget of {limit:?} (max_execution_time_seconds) while {doing}. The last checkpoint ({checkpoint}) is kept; raise the limit or continue the thread"
+    )]
     TimeLimit {
         /// The thread.
         thread_id: String,
@@ -76,7 +84,9 @@ pub enum RunError {
         checkpoint: CheckpointLabel,
     },
     /// `run` on a thread that waits for an answer.
-    #[error("thread '{thread_id}' is waiting for an answer to interrupt {interrupt_id} from node '{node}'; answer it with resume before starting a new run")]
+    #[error(
+        "thread '{thread_id}' is waiting for an answer to interrupt {interrupt_id} from node '{node}'; answer it with resume before starting a new run"
+    )]
     PendingInterrupt {
         /// The thread.
         thread_id: String,
@@ -102,7 +112,9 @@ pub enum RunError {
         pending: String,
     },
     /// An answer whose payload digest does not match what was asked.
-    #[error("the answer to interrupt {interrupt_id} in thread '{thread_id}' approves a different payload than the one asked about; it was refused")]
+    #[error(
+        "the answer to interrupt {interrupt_id} in thread '{thread_id}' approves a different payload than the one asked about; it was refused"
+    )]
     ForgedResume {
         /// The thread.
         thread_id: String,
@@ -118,7 +130,9 @@ pub enum RunError {
         checkpoint_id: Option<CheckpointId>,
     },
     /// Interrupts and resumes need a checkpointer.
-    #[error("node '{node}' asked for approval, but this graph has no checkpointer to keep the paused run; build the graph with a checkpointer")]
+    #[error(
+        "node '{node}' asked for approval, but this graph has no checkpointer to keep the paused run; build the graph with a checkpointer"
+    )]
     InterruptWithoutCheckpointer {
         /// The node.
         node: String,

@@ -14,10 +14,12 @@ pub mod events;
 pub mod node;
 
 pub use checkpoint::{
-    CheckpointError, CheckpointId, CheckpointMeta, CheckpointSource, Checkpointer, DynCheckpointer, ListQuery, LoadedCheckpoint, NewCheckpoint,
-    PendingInterrupt, ResumeRecord, ThreadLock, ThreadSummary,
+    CheckpointError, CheckpointId, CheckpointMeta, CheckpointSource, Checkpointer, DynCheckpointer, ListQuery, LoadedCheckpoint,
+    NewCheckpoint, PendingInterrupt, ResumeRecord, ThreadLock, ThreadSummary,
 };
-pub use engine::{BuildError, Graph, GraphBuilder, GraphLimits, Resume, Route, Router, RunOptions, RunOutcome, StateSnapshot, payload_digest};
+pub use engine::{
+    BuildError, Graph, GraphBuilder, GraphLimits, Resume, Route, Router, RunOptions, RunOutcome, StateSnapshot, payload_digest,
+};
 pub use error::{CheckpointLabel, RunError};
 pub use events::RunEvent;
 pub use node::{DynNode, FnNode, Node, NodeContext, NodeError, NodeInfo, NodeOutput, NodeResult, node_fn};

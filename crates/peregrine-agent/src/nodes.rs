@@ -1,0 +1,401 @@
+//! Node wrappers: what turns a `Capability` or an `InfrastructureNode` into a graph node. They
+//! add step bookkeeping, timing, events and error capture: a failure becomes state (error flag,
+//! classification, retry policy, counters) for the router to recover from, and success clears
+//! it — for infrastructure nodes and capabilities alike.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::Utc;
+use peregrine_core::events::{EventKind, StatusLevel};
+use peregrine_core::state::{LastResult, NodeKind, StepRecord};
+use peregrine_core::{
+    AgentEvent, AgentState, AgentStateUpdate, ApprovalRequest, CapabilityError, CapabilityInput, CapabilityOutcome, ControlUpdate,
+    DynCapability, ErrorClassification, ErrorInfo, ErrorSeverity, EventSink, PlannedStep, RetryPolicy, Slot,
+};
+use peregrine_graph::{Node, NodeContext, NodeOutput, NodeResult};
+
+/// A recovery budget an infrastructure node's executions count against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryCounter {
+    /// Every execution that does not end in a retriable failure is a planning attempt.
+    Planning,
+    /// An execution while a RECLASSIFICATION error is pending is a re-classification.
+    Reclassification,
+}
+
+/// A framework node that is not a plan step: task extraction, classifier, orchestrator, error.
+pub trait InfrastructureNode: Send + Sync + 'static {
+    /// Node name.
+    fn name(&self) -> &str;
+
+    /// What it does, for status events.
+    fn description(&self) -> &str;
+
+    /// Classifies a failure; CRITICAL by default.
+    fn classify_error(&self, error: &CapabilityError) -> ErrorClassification {
+        error
+            .classification()
+            .cloned()
+            .unwrap_or_else(|| ErrorClassification::critical(format!("Infrastructure error in {}: {}", self.name(), error.message())))
+    }
+
+    /// Retry policy; 2 attempts, 0.2 s, ×1.2 by default.
+    fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy::infrastructure_default()
+    }
+
+    /// Quiet nodes emit no start/complete status events.
+    fn quiet(&self) -> bool {
+        false
+    }
+
+    /// Which recovery budget its executions count against, if any.
+    fn recovery_counter(&self) -> Option<RecoveryCounter> {
+        None
+    }
+
+    /// Runs the node.
+    fn execute(
+        &self,
+        state: &AgentState,
+        ctx: &NodeContext<AgentState>,
+    ) -> impl Future<Output = Result<CapabilityOutcome, CapabilityError>> + Send;
+}
+
+/// Sends core events into the run's event stream.
+struct ContextSink<'a>(&'a NodeContext<AgentState>);
+
+impl EventSink for ContextSink<'_> {
+    fn emit(&self, event: AgentEvent) {
+        self.0.emit(event);
+    }
+}
+
+fn elapsed_ms(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The interrupt payload of an approval request.
+fn interrupt_for(request: ApprovalRequest, ctx: &NodeContext<AgentState>, component: &str) -> NodeResult<AgentStateUpdate> {
+    ctx.emit(AgentEvent::new(
+        component,
+        EventKind::ApprovalRequired { approval_type: request.approval_type.clone(), user_message: request.user_message.clone() },
+    ));
+    let payload = serde_json::json!({
+        "approval_type": request.approval_type,
+        "user_message": request.user_message,
+        "resume_payload": request.payload,
+    });
+    Ok(NodeOutput::Interrupt { payload, update: AgentStateUpdate::default() })
+}
+
+/// The part of every success update that clears error state.
+fn cleared_errors() -> ControlUpdate {
+    ControlUpdate { retry_count: Some(0), has_error: Some(false), error_info: Slot::Set(None), ..ControlUpdate::default() }
+}
+
+/// Consecutive failures of `node`, counting this one: failures of another node start afresh.
+fn failures_of(state: &AgentState, node: &str) -> u32 {
+    match &state.control.error_info {
+        Some(info) if state.control.has_error && info.node == node => state.control.retry_count + 1,
+        _ => 1,
+    }
+}
+
+struct Failure<'a> {
+    node: &'a str,
+    kind: NodeKind,
+    record_key: String,
+    step_index: usize,
+    task_objective: String,
+    error: &'a CapabilityError,
+    classification: ErrorClassification,
+    retry_policy: RetryPolicy,
+    execution_time_ms: u64,
+}
+
+fn failure_update(state: &AgentState, failure: Failure<'_>) -> AgentStateUpdate {
+    let now = Utc::now();
+    let severity = failure.classification.severity;
+    AgentStateUpdate {
+        step_results: vec![StepRecord {
+            key: failure.record_key,
+            step_index: failure.step_index,
+            capability: failure.node.into(),
+            task_objective: failure.task_objective,
+            success: false,
+            execution_time_ms: failure.execution_time_ms,
+            timestamp: now,
+            error: Some(failure.error.message().into()),
+        }],
+        last_result: Slot::Set(Some(LastResult {
+            capability: failure.node.into(),
+            success: false,
+            execution_time_ms: failure.execution_time_ms,
+            error: Some(failure.error.message().into()),
+            severity: Some(severity),
+            timestamp: now,
+        })),
+        control: ControlUpdate {
+            retry_count: Some(failures_of(state, failure.node)),
+            has_error: Some(true),
+            error_info: Slot::Set(Some(ErrorInfo {
+                node: failure.node.into(),
+                node_kind: failure.kind,
+                classification: failure.classification,
+                retry_policy: failure.retry_policy,
+                original_error: failure.error.message().into(),
+                execution_time_ms: failure.execution_time_ms,
+                timestamp: now,
+            })),
+            ..ControlUpdate::default()
+        },
+        ..AgentStateUpdate::default()
+    }
+}
+
+/// A capability as a graph node (upstream's `@capability_node`).
+pub struct CapabilityNode {
+    capability: Arc<dyn DynCapability>,
+}
+
+impl CapabilityNode {
+    /// Wraps a registered capability.
+    pub fn new(capability: Arc<dyn DynCapability>) -> Self {
+        Self { capability }
+    }
+
+    /// The step this execution runs: the plan's current step, or a synthesized one in direct chat.
+    fn current_step(&self, state: &AgentState) -> Result<(PlannedStep, bool), CapabilityError> {
+        let name = &self.capability.spec().name;
+        if state.direct_chat_capability() == Some(name.as_str()) {
+            let step = PlannedStep {
+                context_key: format!("direct_chat_{name}"),
+                capability: name.clone(),
+                task_objective: state.user_query().unwrap_or_default().to_owned(),
+                success_criteria: String::new(),
+                expected_output: None,
+                parameters: None,
+                inputs: Vec::new(),
+            };
+            return Ok((step, true));
+        }
+        match state.planning.current_step() {
+            Some(step) if &step.capability == name => Ok((step.clone(), false)),
+            Some(step) => Err(CapabilityError::new(format!(
+                "capability '{name}' was dispatched but the current plan step is for '{}'",
+                step.capability
+            ))),
+            None => Err(CapabilityError::new(format!("capability '{name}' was dispatched but there is no current plan step"))),
+        }
+    }
+}
+
+impl Node<AgentState> for CapabilityNode {
+    async fn run(&self, state: Arc<AgentState>, ctx: &NodeContext<AgentState>) -> NodeResult<AgentStateUpdate> {
+        let spec = self.capability.spec();
+        let name = spec.name.as_str();
+        let index = state.planning.current_step_index;
+        let total_steps = state.planning.execution_plan.as_ref().map_or(1, |plan| plan.steps.len());
+        let started = Instant::now();
+        let (step, direct_chat) = match self.current_step(&state) {
+            Ok(found) => found,
+            Err(error) => {
+                let classification = ErrorClassification::critical(error.message());
+                let failure = Failure {
+                    node: name,
+                    kind: NodeKind::Capability,
+                    record_key: format!("{index}_{name}"),
+                    step_index: index,
+                    task_objective: String::new(),
+                    error: &error,
+                    classification,
+                    retry_policy: self.capability.retry_policy(),
+                    execution_time_ms: 0,
+                };
+                return Ok(NodeOutput::Update(failure_update(&state, failure)));
+            }
+        };
+        ctx.emit(AgentEvent::new(
+            name,
+            EventKind::CapabilityStart {
+                capability_name: name.into(),
+                step_number: index + 1,
+                total_steps,
+                description: step.task_objective.clone(),
+            },
+        ));
+        let sink = ContextSink(ctx);
+        let input = CapabilityInput { state: &state, step: &step, spec, events: &sink };
+        let result = self.capability.execute_boxed(input).await;
+        let execution_time_ms = elapsed_ms(started);
+        match result {
+            Ok(CapabilityOutcome::Done(update)) => {
+                ctx.emit(AgentEvent::new(
+                    name,
+                    EventKind::CapabilityComplete {
+                        capability_name: name.into(),
+                        success: true,
+                        duration_ms: execution_time_ms,
+                        error_message: None,
+                    },
+                ));
+                let now = Utc::now();
+                let bookkeeping = AgentStateUpdate {
+                    current_step_index: (!direct_chat).then_some(index + 1),
+                    step_results: vec![StepRecord {
+                        key: step.context_key.clone(),
+                        step_index: index,
+                        capability: name.into(),
+                        task_objective: step.task_objective.clone(),
+                        success: true,
+                        execution_time_ms,
+                        timestamp: now,
+                        error: None,
+                    }],
+                    last_result: Slot::Set(Some(LastResult {
+                        capability: name.into(),
+                        success: true,
+                        execution_time_ms,
+                        error: None,
+                        severity: None,
+                        timestamp: now,
+                    })),
+                    approval: state.approval.approved.is_some().then(Default::default),
+                    control: cleared_errors(),
+                    ..AgentStateUpdate::default()
+                };
+                Ok(NodeOutput::Update(update.then(bookkeeping)))
+            }
+            Ok(CapabilityOutcome::NeedsApproval(request)) => interrupt_for(request, ctx, name),
+            Err(error) => {
+                let classification = self.capability.classify_error(&error);
+                ctx.emit(AgentEvent::new(
+                    name,
+                    EventKind::CapabilityComplete {
+                        capability_name: name.into(),
+                        success: false,
+                        duration_ms: execution_time_ms,
+                        error_message: Some(error.message().into()),
+                    },
+                ));
+                ctx.emit(AgentEvent::new(
+                    name,
+                    EventKind::Error {
+                        error_type: "CapabilityError".into(),
+                        error_message: error.message().into(),
+                        recoverable: classification.severity != ErrorSeverity::Critical && classification.severity != ErrorSeverity::Fatal,
+                    },
+                ));
+                let failure = Failure {
+                    node: name,
+                    kind: NodeKind::Capability,
+                    record_key: step.context_key.clone(),
+                    step_index: index,
+                    task_objective: step.task_objective.clone(),
+                    error: &error,
+                    classification,
+                    retry_policy: self.capability.retry_policy(),
+                    execution_time_ms,
+                };
+                Ok(NodeOutput::Update(failure_update(&state, failure)))
+            }
+        }
+    }
+}
+
+/// An infrastructure node as a graph node (upstream's `@infrastructure_node`).
+pub struct InfrastructureWrapper<N>(pub N);
+
+impl<N: InfrastructureNode> InfrastructureWrapper<N> {
+    fn counters(&self, state: &AgentState, severity: Option<ErrorSeverity>) -> ControlUpdate {
+        let mut control = ControlUpdate::default();
+        match self.0.recovery_counter() {
+            Some(RecoveryCounter::Planning) if severity != Some(ErrorSeverity::Retriable) => {
+                control.planning_attempts = Some(state.control.planning_attempts + 1);
+            }
+            Some(RecoveryCounter::Reclassification) => {
+                let reclassifying = state.control.has_error
+                    && state
+                        .control
+                        .error_info
+                        .as_ref()
+                        .is_some_and(|info| info.classification.severity == ErrorSeverity::Reclassification);
+                if reclassifying {
+                    control.reclassification_count = Some(state.control.reclassification_count + 1);
+                    control.reclassification_reason = Slot::Set(None);
+                }
+            }
+            _ => {}
+        }
+        control
+    }
+}
+
+impl<N: InfrastructureNode> Node<AgentState> for InfrastructureWrapper<N> {
+    async fn run(&self, state: Arc<AgentState>, ctx: &NodeContext<AgentState>) -> NodeResult<AgentStateUpdate> {
+        let node = &self.0;
+        let name = node.name();
+        if !node.quiet() {
+            ctx.emit(AgentEvent::status(name, StatusLevel::Info, format!("Starting {}", node.description())));
+        }
+        let started = Instant::now();
+        let result = node.execute(&state, ctx).await;
+        let execution_time_ms = elapsed_ms(started);
+        match result {
+            Ok(CapabilityOutcome::Done(update)) => {
+                if !node.quiet() {
+                    ctx.emit(AgentEvent::status(
+                        name,
+                        StatusLevel::Success,
+                        format!("Completed {} in {:.1}s", node.description(), execution_time_ms as f64 / 1000.0),
+                    ));
+                }
+                let mut control = cleared_errors();
+                control.merge_from(self.counters(&state, None));
+                let bookkeeping = AgentStateUpdate {
+                    last_result: Slot::Set(Some(LastResult {
+                        capability: name.into(),
+                        success: true,
+                        execution_time_ms,
+                        error: None,
+                        severity: None,
+                        timestamp: Utc::now(),
+                    })),
+                    control,
+                    ..AgentStateUpdate::default()
+                };
+                Ok(NodeOutput::Update(update.then(bookkeeping)))
+            }
+            Ok(CapabilityOutcome::NeedsApproval(request)) => interrupt_for(request, ctx, name),
+            Err(error) => {
+                let classification = node.classify_error(&error);
+                let severity = classification.severity;
+                ctx.emit(AgentEvent::new(
+                    name,
+                    EventKind::Error {
+                        error_type: "InfrastructureError".into(),
+                        error_message: error.message().into(),
+                        recoverable: severity == ErrorSeverity::Retriable,
+                    },
+                ));
+                let index = state.planning.current_step_index;
+                let failure = Failure {
+                    node: name,
+                    kind: NodeKind::Infrastructure,
+                    record_key: format!("infra_{index}_{name}"),
+                    step_index: index,
+                    task_objective: node.description().into(),
+                    error: &error,
+                    classification,
+                    retry_policy: node.retry_policy(),
+                    execution_time_ms,
+                };
+                let mut update = failure_update(&state, failure);
+                update.control.merge_from(self.counters(&state, Some(severity)));
+                Ok(NodeOutput::Update(update))
+            }
+        }
+    }
+}
