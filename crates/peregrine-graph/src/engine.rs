@@ -320,9 +320,11 @@ impl<S: GraphState> Clone for Graph<S> {
 }
 
 /// Where the thread stands: the newest checkpoint and how far its state is from a snapshot.
+/// Without a checkpointer `meta` describes the last step in memory and `stored` is false.
 #[derive(Debug, Clone, Default)]
 struct Tip {
     meta: Option<CheckpointMeta>,
+    stored: bool,
     snapshot_bytes: usize,
     delta_bytes: usize,
     deltas: usize,
@@ -330,7 +332,7 @@ struct Tip {
 
 impl Tip {
     fn id(&self) -> Option<CheckpointId> {
-        self.meta.as_ref().map(|meta| meta.checkpoint_id)
+        self.meta.as_ref().filter(|_| self.stored).map(|meta| meta.checkpoint_id)
     }
 
     fn label(&self) -> CheckpointLabel {
@@ -507,7 +509,7 @@ impl<S: GraphState> Graph<S> {
             resume: previous.and_then(|meta| meta.resume),
         };
         self.persist(&ctx, &mut state, &mut tip, write).await?;
-        let meta = tip.meta.clone().unwrap_or_else(|| self.ephemeral_meta(thread_id, &run_id));
+        let meta = tip.meta.clone().ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: None })?;
         let next = self.next_label(&state, Some(&meta));
         Ok(StateSnapshot { state, meta, next })
     }
@@ -562,21 +564,6 @@ impl<S: GraphState> Graph<S> {
         RunCtx { thread_id: Arc::from(thread_id), run_id, opts, limits, deadline }
     }
 
-    fn ephemeral_meta(&self, thread_id: &str, run_id: &str) -> CheckpointMeta {
-        CheckpointMeta {
-            thread_id: thread_id.into(),
-            checkpoint_id: 0,
-            parent_id: None,
-            source: CheckpointSource::Update,
-            node: None,
-            run_id: run_id.into(),
-            run_step: 0,
-            interrupt: None,
-            resume: None,
-            created_at: Utc::now(),
-        }
-    }
-
     async fn load_or_default(&self, thread_id: &str) -> Result<(Arc<S>, Tip), RunError> {
         let Some(checkpointer) = &self.inner.checkpointer else { return Ok((Arc::new(S::default()), Tip::default())) };
         match checkpointer.load_boxed(thread_id, None).await? {
@@ -600,7 +587,8 @@ impl<S: GraphState> Graph<S> {
             delta_bytes += delta.len();
             state.apply(serde_json::from_slice(delta).map_err(rebuilt)?);
         }
-        let tip = Tip { meta: Some(loaded.meta), snapshot_bytes: loaded.snapshot.len(), delta_bytes, deltas: loaded.deltas.len() };
+        let tip =
+            Tip { meta: Some(loaded.meta), stored: true, snapshot_bytes: loaded.snapshot.len(), delta_bytes, deltas: loaded.deltas.len() };
         Ok((Arc::new(state), tip))
     }
 
@@ -613,7 +601,21 @@ impl<S: GraphState> Graph<S> {
         write: Write<S::Update>,
     ) -> Result<(), RunError> {
         let Some(checkpointer) = &self.inner.checkpointer else {
+            let step = NewCheckpoint {
+                thread_id: ctx.thread_id.to_string(),
+                parent_id: None,
+                source: write.source,
+                node: write.node,
+                run_id: ctx.run_id.to_string(),
+                run_step: write.run_step,
+                interrupt: write.interrupt,
+                resume: write.resume,
+                delta: Vec::new(),
+                snapshot: None,
+                created_at: Utc::now(),
+            };
             Arc::make_mut(state).apply(write.update);
+            tip.meta = Some(step.meta(0));
             return Ok(());
         };
         let serialize_error = |source| RunError::State { thread_id: ctx.thread_id.to_string(), action: "serialized", source };
@@ -640,9 +642,10 @@ impl<S: GraphState> Graph<S> {
         let snapshot_len = checkpoint.snapshot.as_ref().map(Vec::len);
         let meta = checkpointer.put_boxed(checkpoint).await?;
         *tip = match snapshot_len {
-            Some(snapshot_bytes) => Tip { meta: Some(meta), snapshot_bytes, delta_bytes: 0, deltas: 0 },
+            Some(snapshot_bytes) => Tip { meta: Some(meta), stored: true, snapshot_bytes, delta_bytes: 0, deltas: 0 },
             None => Tip {
                 meta: Some(meta),
+                stored: true,
                 snapshot_bytes: tip.snapshot_bytes,
                 delta_bytes: tip.delta_bytes + delta_len,
                 deltas: tip.deltas + 1,

@@ -1,1 +1,7 @@
-//! placeholder
+//! Test support for Peregrine: scripted infrastructure nodes and capabilities whose behaviour
+//! is a closure of (state, call number), call recorders, and a ready-made agent graph with no
+//! LLM, for exercising the router, wrappers and engine end to end.
+
+pub mod scripted;
+
+pub use scripted::{Behaviour, CallLog, ScriptedAgent, ScriptedCapability, ScriptedInfra, fail};
