@@ -9,7 +9,6 @@
 //! Every call runs on tokio's blocking pool against one connection behind a mutex, so the async
 //! runtime never waits on disk I/O.
 
-use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -86,32 +85,6 @@ const COPY_THREAD: &str = "INSERT INTO checkpoints (thread_id, checkpoint_id, pa
 SELECT ?2, checkpoint_id, parent_id, json_set(meta, '$.thread_id', ?2), delta, snapshot, created_at
 FROM checkpoints WHERE thread_id = ?1";
 
-/// A database file whose schema version this build does not know (written by a newer Peregrine).
-#[derive(Debug)]
-pub struct UnsupportedSchemaVersion {
-    /// The version recorded in the file.
-    pub found: i64,
-    /// The version this build knows.
-    pub supported: i64,
-}
-
-impl fmt::Display for UnsupportedSchemaVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Self { found, supported } = self;
-        if found > supported {
-            write!(f, "the file has schema version {found}, written by a newer Peregrine; this build knows only version {supported}. ")?;
-            write!(f, "The file was left unchanged: upgrade Peregrine to open it, or use another file")
-        } else {
-            write!(
-                f,
-                "the file records schema version {found}, which never existed (this build knows version {supported}); the file was left unchanged"
-            )
-        }
-    }
-}
-
-impl std::error::Error for UnsupportedSchemaVersion {}
-
 /// Stores checkpoints in one SQLite file; clones share the connection and the thread locks.
 #[derive(Debug, Clone)]
 pub struct SqliteCheckpointer {
@@ -173,11 +146,7 @@ fn prepare(connection: &mut Connection) -> Result<(), CheckpointError> {
     match found {
         Some(SCHEMA_VERSION) => {}
         Some(found) => {
-            return Err(CheckpointError::backend(
-                BACKEND,
-                "open the database",
-                UnsupportedSchemaVersion { found, supported: SCHEMA_VERSION },
-            ));
+            return Err(CheckpointError::UnsupportedSchema { backend: BACKEND, found, supported: SCHEMA_VERSION });
         }
         None => {
             transaction.execute("INSERT INTO schema_version (version) VALUES (?1)", [SCHEMA_VERSION]).map_err(failed(operation))?;

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use peregrine_checkpoint::SqliteCheckpointer;
 use peregrine_checkpoint::conformance;
-use peregrine_checkpoint::sqlite::{SCHEMA_VERSION, UnsupportedSchemaVersion};
+use peregrine_checkpoint::sqlite::SCHEMA_VERSION;
 use peregrine_graph::checkpoint::{CheckpointError, CheckpointSource, Checkpointer, ListQuery, NewCheckpoint};
 use tempfile::TempDir;
 
@@ -117,13 +117,13 @@ async fn newer_schema_version_is_refused() {
     raw_connection(&path).execute("UPDATE schema_version SET version = ?1", [SCHEMA_VERSION + 1]).unwrap();
 
     let error = SqliteCheckpointer::open(&path).await.expect_err("a file from a newer version must be refused");
-    let CheckpointError::Backend { backend: "sqlite", source, .. } = &error else {
-        panic!("expected a sqlite backend error, got {error:?}");
+    let CheckpointError::UnsupportedSchema { backend: "sqlite", found, supported } = &error else {
+        panic!("expected an unsupported-schema error, got {error:?}");
     };
-    let unsupported = source.downcast_ref::<UnsupportedSchemaVersion>().expect("the cause names the schema version");
-    assert_eq!((unsupported.found, unsupported.supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+    assert_eq!((*found, *supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+    assert!(!error.is_retryable(), "retrying cannot help");
     let message = error.to_string();
-    assert!(message.contains("schema version 2") && message.contains("newer Peregrine"), "unclear message: {message}");
+    assert!(message.contains("schema version 2") && message.contains("upgrade Peregrine"), "unclear message: {message}");
 
     let version: i64 = raw_connection(&path).query_row("SELECT version FROM schema_version", [], |row| row.get(0)).unwrap();
     assert_eq!(version, SCHEMA_VERSION + 1, "a refused file is left unchanged");

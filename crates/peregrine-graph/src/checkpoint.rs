@@ -87,7 +87,7 @@ pub struct CheckpointMeta {
 pub struct NewCheckpoint {
     /// The thread.
     pub thread_id: String,
-    /// The checkpoint this one follows; `None` only for a thread's first checkpoint.
+    /// The checkpoint this one follows; `None` starts a new root, which must carry a snapshot.
     pub parent_id: Option<CheckpointId>,
     /// Why it is written.
     pub source: CheckpointSource,
@@ -103,8 +103,8 @@ pub struct NewCheckpoint {
     pub resume: Option<ResumeRecord>,
     /// The serialized update that leads from the parent's state to this one.
     pub delta: Vec<u8>,
-    /// The serialized full state, when the engine decides to store one; required when there is
-    /// no parent.
+    /// The serialized full state, when the engine decides to store one; required without a
+    /// parent.
     pub snapshot: Option<Vec<u8>>,
     /// When it was written.
     pub created_at: DateTime<Utc>,
@@ -178,8 +178,8 @@ pub enum CheckpointError {
         /// The missing parent.
         parent_id: CheckpointId,
     },
-    /// A thread's first checkpoint without a snapshot.
-    #[error("the first checkpoint of thread '{thread_id}' must carry a full snapshot")]
+    /// A checkpoint without a parent and without a snapshot.
+    #[error("a checkpoint without a parent in thread '{thread_id}' must carry a full snapshot")]
     MissingSnapshot {
         /// The thread.
         thread_id: String,
@@ -195,6 +195,16 @@ pub enum CheckpointError {
     ThreadNotFound {
         /// The thread.
         thread_id: String,
+    },
+    /// Storage written by a newer version of Peregrine.
+    #[error("the {backend} checkpoint store has schema version {found}, but this build understands up to {supported}; upgrade Peregrine or use another store")]
+    UnsupportedSchema {
+        /// `sqlite`, `postgres`, …
+        backend: &'static str,
+        /// The version found.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
     },
     /// Stored data that cannot be read back.
     #[error("checkpoint data of thread '{thread_id}' is corrupt: {reason}")]
@@ -229,7 +239,8 @@ impl CheckpointError {
     }
 }
 
-/// Exclusive hold on a thread; released when dropped (also when the process dies).
+/// Exclusive hold on a thread; released when dropped (also when the process dies). Release may
+/// complete shortly after the drop for backends that must talk to a server (PostgreSQL).
 pub struct ThreadLock {
     _guard: Box<dyn Send + Sync>,
 }
@@ -250,7 +261,10 @@ impl std::fmt::Debug for ThreadLock {
 /// Durable storage of checkpoints.
 ///
 /// Contract (checked by `peregrine_checkpoint::conformance`):
-/// - `put` is atomic and durable when it returns; ids increase within a thread;
+/// - `put` is atomic and durable when it returns; ids are `max + 1` within a thread (so they
+///   restart at 1 after `delete_thread`), and a put without a parent must carry a snapshot;
+/// - timestamps keep at least microsecond precision;
+/// - `threads` orders by the `created_at` of each thread's newest checkpoint, then thread id;
 /// - `load` of `None` is the newest checkpoint of the thread (highest id);
 /// - `list` is newest first and never returns state;
 /// - `lock_thread` fails fast with [`CheckpointError::ThreadBusy`] while another holder exists.
