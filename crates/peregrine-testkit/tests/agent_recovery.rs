@@ -277,3 +277,35 @@ async fn cancelling_during_backoff_keeps_the_checkpoint_and_the_run_continues() 
     assert!(matches!(continued, RunOutcome::Completed { ref last_node, .. } if last_node.as_deref() == Some("respond")));
     assert_eq!(calls.count(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn acceptance_case_17_capability_wrapper_bookkeeping() {
+    let python = ScriptedCapability::new("python", |_, call| {
+        if call == 1 { fail(ErrorClassification::retriable("kernel busy")) } else { Ok(CapabilityOutcome::Done(AgentStateUpdate::default())) }
+    })
+    .with_policy(RetryPolicy::new(3, 0.5, 1.5));
+    let graph = ScriptedAgent::planning(&["python"]).with_capability(python).build(memory()).expect("graph");
+    run(&graph, "t").await.completed();
+    let history = graph.history("t", peregrine_graph::ListQuery::default()).await.expect("history");
+    let python_checkpoints: Vec<_> = history.iter().rev().filter(|meta| meta.node.as_deref() == Some("python")).collect();
+    assert_eq!(python_checkpoints.len(), 2);
+
+    let failed = graph.state_at("t", python_checkpoints[0].checkpoint_id).await.expect("failed step").state;
+    assert_eq!(failed.planning.current_step_index, 0, "a failure does not advance the plan");
+    assert!(failed.control.has_error);
+    assert_eq!(failed.control.retry_count, 1, "previous count + 1");
+    let info = failed.control.error_info.as_ref().expect("error info");
+    assert_eq!((info.node.as_str(), info.classification.severity), ("python", ErrorSeverity::Retriable));
+    assert_eq!(info.retry_policy, RetryPolicy::new(3, 0.5, 1.5));
+    let record = failed.execution.step_results.iter().find(|record| record.key == "0_python").expect("failed step record");
+    assert!(!record.success && record.error.as_deref() == Some("kernel busy"));
+
+    let succeeded = graph.state_at("t", python_checkpoints[1].checkpoint_id).await.expect("successful step").state;
+    assert_eq!(succeeded.planning.current_step_index, 1, "success advances the plan");
+    assert!(!succeeded.control.has_error && succeeded.control.retry_count == 0 && succeeded.control.error_info.is_none());
+    let record = succeeded.execution.step_results.iter().find(|record| record.key == "0_python").expect("step record, replaced");
+    assert!(record.success);
+    assert_eq!(succeeded.execution.step_results.iter().filter(|record| record.key == "0_python").count(), 1);
+    let last = succeeded.execution.last_result.as_ref().expect("last result");
+    assert!(last.success && last.capability == "python");
+}
