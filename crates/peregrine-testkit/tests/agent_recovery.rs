@@ -281,7 +281,11 @@ async fn cancelling_during_backoff_keeps_the_checkpoint_and_the_run_continues() 
 #[tokio::test(start_paused = true)]
 async fn acceptance_case_17_capability_wrapper_bookkeeping() {
     let python = ScriptedCapability::new("python", |_, call| {
-        if call == 1 { fail(ErrorClassification::retriable("kernel busy")) } else { Ok(CapabilityOutcome::Done(AgentStateUpdate::default())) }
+        if call == 1 {
+            fail(ErrorClassification::retriable("kernel busy"))
+        } else {
+            Ok(CapabilityOutcome::Done(AgentStateUpdate::default()))
+        }
     })
     .with_policy(RetryPolicy::new(3, 0.5, 1.5));
     let graph = ScriptedAgent::planning(&["python"]).with_capability(python).build(memory()).expect("graph");

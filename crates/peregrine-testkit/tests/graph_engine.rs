@@ -3,6 +3,8 @@
 //! `update_state`, panics, busy threads and the event stream — on the memory and SQLite
 //! backends alike.
 
+#![allow(clippy::expect_used, reason = "test fixtures report setup failures by panicking")]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
