@@ -197,7 +197,9 @@ pub enum CheckpointError {
         thread_id: String,
     },
     /// Storage written by a newer version of Peregrine.
-    #[error("the {backend} checkpoint store has schema version {found}, but this build understands up to {supported}; upgrade Peregrine or use another store")]
+    #[error(
+        "the {backend} checkpoint store has schema version {found}, but this build understands up to {supported}; upgrade Peregrine or use another store"
+    )]
     UnsupportedSchema {
         /// `sqlite`, `postgres`, …
         backend: &'static str,
