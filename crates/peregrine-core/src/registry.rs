@@ -31,6 +31,8 @@ pub enum RegistryError {
 pub struct Registry {
     capabilities: Vec<Arc<dyn DynCapability>>,
     index: HashMap<String, usize>,
+    /// Context type → positions of the capabilities that provide it, in registration order.
+    providers: HashMap<String, Vec<usize>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -66,7 +68,20 @@ impl Registry {
         }
         self.index.insert(name, self.capabilities.len());
         self.capabilities.push(capability);
+        self.reindex_providers();
         Ok(())
+    }
+
+    fn reindex_providers(&mut self) {
+        self.providers.clear();
+        for (position, capability) in self.capabilities.iter().enumerate() {
+            for provided in &capability.spec().provides {
+                let positions = self.providers.entry(provided.clone()).or_default();
+                if !positions.contains(&position) {
+                    positions.push(position);
+                }
+            }
+        }
     }
 
     /// Replaces the capability with the same name, keeping its position.
@@ -74,6 +89,7 @@ impl Registry {
         let name = capability.spec().name.clone();
         let position = *self.index.get(&name).ok_or_else(|| self.not_registered(&name))?;
         self.capabilities[position] = Arc::new(capability);
+        self.reindex_providers();
         Ok(())
     }
 
@@ -86,6 +102,7 @@ impl Registry {
                 *index -= 1;
             }
         }
+        self.reindex_providers();
         Ok(())
     }
 
@@ -130,10 +147,9 @@ impl Registry {
 
     /// Capabilities that provide `context_type`.
     pub fn providers_of(&self, context_type: &str) -> Vec<&str> {
-        self.iter()
-            .filter(|capability| capability.spec().provides.iter().any(|provided| provided == context_type))
-            .map(|capability| capability.spec().name.as_str())
-            .collect()
+        self.providers
+            .get(context_type)
+            .map_or_else(Vec::new, |positions| positions.iter().map(|&position| self.capabilities[position].spec().name.as_str()).collect())
     }
 
     /// `• name: description` lines.
