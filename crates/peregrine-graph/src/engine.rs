@@ -683,12 +683,17 @@ impl<S: GraphState> Graph<S> {
         }
     }
 
-    /// Waits for `future` unless the run is cancelled or out of time first.
-    async fn guarded<T>(ctx: &RunCtx<'_, S::Event>, future: impl Future<Output = T>) -> Result<T, Interruption> {
+    /// Waits for `future` unless the run is cancelled or out of time first. `deadline` is the
+    /// run's one deadline timer, shared by every wait of the run.
+    async fn guarded<T>(
+        ctx: &RunCtx<'_, S::Event>,
+        deadline: std::pin::Pin<&mut (impl Future<Output = ()> + ?Sized)>,
+        future: impl Future<Output = T>,
+    ) -> Result<T, Interruption> {
         tokio::select! {
             biased;
             () = ctx.opts.cancel.cancelled() => Err(Interruption::Cancelled),
-            () = until_deadline(ctx.deadline) => Err(Interruption::TimedOut),
+            () = deadline => Err(Interruption::TimedOut),
             value = future => Ok(value),
         }
     }
@@ -715,6 +720,7 @@ impl<S: GraphState> Graph<S> {
     /// The run loop.
     async fn drive(&self, ctx: &RunCtx<'_, S::Event>, mut state: Arc<S>, mut tip: Tip) -> Result<RunOutcome<S>, RunError> {
         let mut run_step = tip.meta.as_ref().map_or(0, |meta| meta.run_step);
+        let mut deadline = std::pin::pin!(until_deadline(ctx.deadline));
         loop {
             if ctx.opts.cancel.is_cancelled() {
                 return Ok(RunOutcome::Cancelled { state, checkpoint_id: tip.id() });
@@ -750,7 +756,7 @@ impl<S: GraphState> Graph<S> {
             }
             if !delay.is_zero() {
                 ctx.send(RunEvent::Waiting { node: node_name.clone(), delay });
-                if let Err(how) = Self::guarded(ctx, tokio::time::sleep(delay)).await {
+                if let Err(how) = Self::guarded(ctx, deadline.as_mut(), tokio::time::sleep(delay)).await {
                     return self.interrupted(ctx, how, state, &tip, format!("waiting {delay:?} to retry '{node_name}'"));
                 }
             }
@@ -767,7 +773,7 @@ impl<S: GraphState> Graph<S> {
             };
             let started = Instant::now();
             let running = AssertUnwindSafe(node.run_boxed(state.clone(), &node_ctx)).catch_unwind();
-            let output = match Self::guarded(ctx, running).await {
+            let output = match Self::guarded(ctx, deadline.as_mut(), running).await {
                 Ok(Ok(Ok(output))) => output,
                 Ok(Ok(Err(error))) => {
                     return Err(RunError::Aborted {
