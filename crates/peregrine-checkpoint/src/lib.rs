@@ -11,6 +11,6 @@ pub mod sqlite;
 
 pub use memory::MemoryCheckpointer;
 #[cfg(feature = "postgres")]
-pub use postgres::PostgresCheckpointer;
+pub use postgres::{PostgresCheckpointer, PostgresOptions};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteCheckpointer;

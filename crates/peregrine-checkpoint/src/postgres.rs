@@ -7,9 +7,10 @@
 //!   is `TEXT`, not `JSONB`, so that it round-trips byte for byte (`JSONB` rejects `\u0000` in
 //!   strings and rewrites numbers and key order).
 //! - `peregrine_threads`: one row per thread with its highest id, its checkpoint count and its
-//!   newest checkpoint's time (for `threads()` ordering). `put` bumps this row with `INSERT … ON CONFLICT DO UPDATE … RETURNING`,
-//!   which both assigns the next id and serialises writers of the same thread until commit, so
-//!   ids are gapless under concurrent writers, even across server instances.
+//!   newest checkpoint's time (for `threads()` ordering). `put` bumps this row with
+//!   `INSERT … ON CONFLICT DO UPDATE … RETURNING`, which both assigns the next id and serialises
+//!   writers of the same thread until commit, so ids are gapless under concurrent writers, even
+//!   across server instances.
 //! - `peregrine_schema_version`: the schema version; a newer one than this build knows is refused.
 //!
 //! Thread locks are session-level advisory locks (`pg_try_advisory_lock`) held on a connection
@@ -27,7 +28,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::SecondsFormat;
-
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Timeouts};
 use peregrine_graph::{
     CheckpointError, CheckpointId, CheckpointMeta, Checkpointer, ListQuery, LoadedCheckpoint, NewCheckpoint, ThreadLock, ThreadSummary,
@@ -152,11 +152,6 @@ impl Default for PostgresOptions {
 #[derive(Debug, thiserror::Error)]
 enum PostgresProblem {
     #[error(
-        "schema '{schema}' holds checkpoint schema version {found}, newer than version {SCHEMA_VERSION} that this build \
-         understands; upgrade peregrine, or point it at another database or schema"
-    )]
-    SchemaTooNew { schema: String, found: i32 },
-    #[error(
         "schema '{schema}' has an empty peregrine_schema_version table, so its checkpoint tables cannot be trusted; repair or drop them"
     )]
     SchemaVersionMissing { schema: String },
@@ -273,13 +268,19 @@ async fn create_schema(pool: &Pool) -> Result<String, CheckpointError> {
     let schema = match existing {
         Some(schema) => {
             let row = tx.query_one("SELECT max(version) FROM peregrine_schema_version", &[]).await.map_err(backend(OPERATION))?;
-            let problem = match row.try_get::<_, Option<i32>>(0).map_err(backend(OPERATION))? {
-                Some(found) if found <= SCHEMA_VERSION => None,
-                Some(found) => Some(PostgresProblem::SchemaTooNew { schema: schema.clone(), found }),
-                None => Some(PostgresProblem::SchemaVersionMissing { schema: schema.clone() }),
-            };
-            if let Some(problem) = problem {
-                return Err(CheckpointError::backend(BACKEND, "check the schema version", problem));
+            match row.try_get::<_, Option<i32>>(0).map_err(backend(OPERATION))? {
+                Some(found) if found <= SCHEMA_VERSION => {}
+                Some(found) => {
+                    return Err(CheckpointError::UnsupportedSchema {
+                        backend: BACKEND,
+                        found: found.into(),
+                        supported: SCHEMA_VERSION.into(),
+                    });
+                }
+                None => {
+                    let problem = PostgresProblem::SchemaVersionMissing { schema: schema.clone() };
+                    return Err(CheckpointError::backend(BACKEND, "check the schema version", problem));
+                }
             }
             schema
         }
@@ -469,7 +470,8 @@ impl Checkpointer for PostgresCheckpointer {
         }
         tx.execute(
             "INSERT INTO peregrine_checkpoints (thread_id, checkpoint_id, parent_id, meta, delta, snapshot, created_at)
-             SELECT $2::text, checkpoint_id, parent_id, meta, delta, snapshot, created_at FROM peregrine_checkpoints WHERE thread_id = $1::text",
+             SELECT $2::text, checkpoint_id, parent_id, meta, delta, snapshot, created_at
+             FROM peregrine_checkpoints WHERE thread_id = $1::text",
             &[&from, &to],
         )
         .await

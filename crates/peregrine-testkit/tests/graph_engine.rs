@@ -1,7 +1,7 @@
 //! The graph engine on a small generic state: a checkpoint after every node, state rebuilt
 //! from snapshots plus deltas, interrupts with stale and forged answers refused, time travel,
-//! `update_state`, panics, busy threads and the event stream — on the memory and SQLite
-//! backends alike.
+//! `update_state`, panics, busy threads and the event stream — on the memory, SQLite and
+//! PostgreSQL backends alike.
 
 #![allow(clippy::expect_used, reason = "test fixtures report setup failures by panicking")]
 
@@ -103,7 +103,30 @@ fn start(target: usize) -> TrailUpdate {
 async fn backends() -> Vec<(&'static str, Arc<dyn DynCheckpointer>, Option<tempfile::TempDir>)> {
     let dir = tempfile::tempdir().expect("tempdir");
     let sqlite = peregrine_checkpoint::SqliteCheckpointer::open(dir.path().join("engine.db")).await.expect("sqlite");
-    vec![("memory", Arc::new(peregrine_checkpoint::MemoryCheckpointer::new()), None), ("sqlite", Arc::new(sqlite), Some(dir))]
+    let mut backends: Vec<(&'static str, Arc<dyn DynCheckpointer>, Option<tempfile::TempDir>)> =
+        vec![("memory", Arc::new(peregrine_checkpoint::MemoryCheckpointer::new()), None), ("sqlite", Arc::new(sqlite), Some(dir))];
+    if let Some(postgres) = postgres().await {
+        backends.push(("postgres", postgres, None));
+    }
+    backends
+}
+
+/// A PostgreSQL checkpointer in a fresh schema of the test server, when one is configured
+/// (`scripts/postgres.sh start`); CI always configures one.
+async fn postgres() -> Option<Arc<dyn DynCheckpointer>> {
+    let Ok(url) = std::env::var("PEREGRINE_TEST_POSTGRES_URL") else {
+        assert!(std::env::var_os("CI").is_none(), "CI must provide PostgreSQL: run `eval \"$(bash scripts/postgres.sh start)\"` first");
+        eprintln!("PEREGRINE_TEST_POSTGRES_URL is not set: the engine tests skip the PostgreSQL backend");
+        return None;
+    };
+    let schema = format!("engine_{:016x}", fastrand::u64(..));
+    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect to the test server");
+    tokio::spawn(connection);
+    admin.batch_execute(&format!("CREATE SCHEMA {schema}")).await.expect("create a scratch schema");
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let scoped = format!("{url}{separator}options=-csearch_path%3D{schema}");
+    let checkpointer = peregrine_checkpoint::PostgresCheckpointer::connect(&scoped).await.expect("postgres checkpointer");
+    Some(Arc::new(checkpointer))
 }
 
 #[tokio::test]
