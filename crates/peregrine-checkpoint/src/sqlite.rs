@@ -53,20 +53,26 @@ const INSERT: &str = "INSERT INTO checkpoints (thread_id, checkpoint_id, parent_
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 
 /// The target checkpoint (newest when ?2 is NULL) and its ancestors up to the first one holding a
-/// snapshot, farthest first. Only the target's row carries the metadata.
+/// snapshot, farthest first (a parent always has a lower id than its child, so id order is chain
+/// order and no blob is sorted). Only the target's row carries the metadata.
 const LOAD_CHAIN: &str = "
-WITH RECURSIVE chain (depth, checkpoint_id, parent_id, meta, delta, snapshot) AS (
-    SELECT 0, checkpoint_id, parent_id, meta, delta, snapshot
+WITH RECURSIVE chain (checkpoint_id, parent_id, has_snapshot) AS (
+    SELECT checkpoint_id, parent_id, snapshot IS NOT NULL
     FROM checkpoints
     WHERE thread_id = ?1
       AND checkpoint_id = COALESCE(?2, (SELECT MAX(checkpoint_id) FROM checkpoints WHERE thread_id = ?1))
     UNION ALL
-    SELECT chain.depth + 1, parent.checkpoint_id, parent.parent_id, NULL, parent.delta, parent.snapshot
+    SELECT parent.checkpoint_id, parent.parent_id, parent.snapshot IS NOT NULL
     FROM chain
     JOIN checkpoints AS parent ON parent.thread_id = ?1 AND parent.checkpoint_id = chain.parent_id
-    WHERE chain.snapshot IS NULL
+    WHERE NOT chain.has_snapshot
 )
-SELECT checkpoint_id, parent_id, meta, delta, snapshot FROM chain ORDER BY depth DESC";
+SELECT c.checkpoint_id, c.parent_id,
+       CASE WHEN c.checkpoint_id = (SELECT MAX(checkpoint_id) FROM chain) THEN c.meta END,
+       c.delta, c.snapshot
+FROM checkpoints AS c
+WHERE c.thread_id = ?1 AND c.checkpoint_id IN (SELECT checkpoint_id FROM chain)
+ORDER BY c.checkpoint_id";
 
 const LIST: &str = "SELECT checkpoint_id, parent_id, meta FROM checkpoints
 WHERE thread_id = ?1 AND checkpoint_id < ?2

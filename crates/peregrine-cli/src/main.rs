@@ -1,6 +1,7 @@
 //! The `peregrine` binary: the composition root. It parses the command line, opens the
 //! checkpoint store, assembles the agent and renders runs.
 
+mod bench;
 mod demo;
 
 use std::path::PathBuf;
@@ -33,6 +34,19 @@ enum Command {
         #[arg(long, default_value = "main")]
         thread: String,
     },
+    /// Measures graph-step overhead, durable steps, interrupts and state reads; writes
+    /// `<out>.json` and `<out>.md`. Build with --release for meaningful numbers.
+    Bench {
+        /// Output path without extension.
+        #[arg(long, default_value = "bench-results/graph")]
+        out: PathBuf,
+        /// Measured runs per scenario.
+        #[arg(long, default_value_t = bench::DEFAULT_REPEATS)]
+        repeats: usize,
+        /// Fewer repeats and a shorter conversation (a smoke run).
+        #[arg(long)]
+        quick: bool,
+    },
     /// Lists threads, or shows one thread's checkpoints.
     Threads {
         /// Show this thread's checkpoint history.
@@ -49,6 +63,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run { message, thread } => run_turn(&cli.db, &thread, &message).await,
         Command::Threads { thread, delete } => threads(&cli.db, thread.as_deref(), delete).await,
+        Command::Bench { out, repeats, quick } => bench::run(&bench::BenchOptions { out, repeats, quick }).await.map(drop),
     }
 }
 
