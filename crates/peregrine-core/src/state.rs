@@ -1,6 +1,13 @@
 //! `AgentState`, the state of one conversation thread, and `AgentStateUpdate`, the delta nodes
 //! return. Messages, capability context and session state persist across turns; every other
 //! group is reset when a new turn starts (reference §1.4–§1.5).
+//!
+//! Upstream fields that nothing read are left out: `task_custom_message`,
+//! `execution_pending_approvals`, `execution_total_time`, `control_current_step_retry_count`,
+//! `control_last_error`, `control_max_retries`, the `control_*validation*` trio and the
+//! `runtime_*` pair. `status_updates` / `progress_events` are replaced by the typed event stream,
+//! and the legacy `ui_captured_*` lists by `ui_artifacts` alone. The router node's
+//! `control_routing_*` keys never existed in upstream's state (LangGraph dropped them).
 
 use std::collections::BTreeMap;
 
