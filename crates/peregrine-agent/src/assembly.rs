@@ -10,7 +10,7 @@ use peregrine_core::{AgentState, ExecutionLimits, Registry};
 use peregrine_graph::{BuildError, DynCheckpointer, DynNode, Graph, GraphLimits};
 
 use crate::nodes::{CapabilityNode, InfrastructureNode, InfrastructureWrapper};
-use crate::router::{CLASSIFIER, ERROR, ORCHESTRATOR, RouterConfig, TASK_EXTRACTION, TERMINAL_NODES, route};
+use crate::router::{CLASSIFIER, ERROR, ORCHESTRATOR, RouterConfig, TASK_EXTRACTION, route};
 
 /// An agent graph that cannot be assembled.
 #[derive(Debug, thiserror::Error)]
@@ -86,9 +86,6 @@ impl AgentGraphBuilder {
         }
         for (name, node) in self.infrastructure {
             builder = builder.dyn_node(name, node);
-        }
-        for terminal in TERMINAL_NODES {
-            builder = builder.terminal(terminal);
         }
         if let Some(checkpointer) = self.checkpointer {
             builder = builder.shared_checkpointer(checkpointer);

@@ -16,7 +16,7 @@ pub const CLASSIFIER: &str = "classifier";
 pub const ORCHESTRATOR: &str = "orchestrator";
 /// Node name of the error node.
 pub const ERROR: &str = "error";
-/// Nodes after which a turn ends.
+/// Nodes whose success ends a turn.
 pub const TERMINAL_NODES: [&str; 3] = [RESPOND, CLARIFY, ERROR];
 
 /// What the router knows besides the state: limits and which capabilities exist.
@@ -43,6 +43,11 @@ impl RouterConfig {
 
 /// Decides the next node from the state.
 pub fn route(state: &AgentState, config: &RouterConfig) -> Route {
+    // A turn ends when respond, clarify or the error node has just succeeded; a failed one is
+    // recovered like any other node (upstream ended the turn after them whatever happened).
+    if state.execution.last_result.as_ref().is_some_and(|last| last.success && TERMINAL_NODES.contains(&last.capability.as_str())) {
+        return Route::End;
+    }
     if state.control.has_error {
         return route_error(state, config);
     }
@@ -74,6 +79,10 @@ pub fn route(state: &AgentState, config: &RouterConfig) -> Route {
 
 fn route_error(state: &AgentState, config: &RouterConfig) -> Route {
     let Some(info) = &state.control.error_info else { return Route::to(ERROR) };
+    if info.node == ERROR {
+        // Reporting failed: routing back to the error node could loop, so stop here.
+        return Route::Abort(format!("the error node itself failed while reporting an error: {}", info.original_error));
+    }
     let limits = &config.limits;
     match info.classification.severity {
         ErrorSeverity::Retriable => {
@@ -228,6 +237,45 @@ mod tests {
         let mut state = planned(&["respond"], 0);
         state.control.has_error = true;
         assert_eq!(route(&state, &config()), Route::to(ERROR));
+    }
+
+    #[test]
+    fn a_failing_error_node_aborts_instead_of_looping() {
+        for severity in [ErrorSeverity::Retriable, ErrorSeverity::Critical, ErrorSeverity::Replanning] {
+            let state = failed(ERROR, severity, RetryPolicy::infrastructure_default());
+            assert!(
+                matches!(route(&state, &config()), Route::Abort(message) if message.contains("error node itself failed")),
+                "{severity}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_turn_ends_when_a_terminal_node_succeeds_and_not_when_it_fails() {
+        let now = Utc::now();
+        for terminal in TERMINAL_NODES {
+            let mut state = planned(&["respond"], 0);
+            state.execution.last_result = Some(LastResult {
+                capability: terminal.into(),
+                success: true,
+                execution_time_ms: 1,
+                error: None,
+                severity: None,
+                timestamp: now,
+            });
+            assert_eq!(route(&state, &config()), Route::End, "{terminal}");
+        }
+        let mut state = failed("respond", ErrorSeverity::Retriable, RetryPolicy::capability_default());
+        state.control.retry_count = 1;
+        state.execution.last_result = Some(LastResult {
+            capability: "respond".into(),
+            success: false,
+            execution_time_ms: 1,
+            error: Some("x".into()),
+            severity: Some(ErrorSeverity::Retriable),
+            timestamp: now,
+        });
+        assert!(matches!(route(&state, &config()), Route::After { node, .. } if node == "respond"));
     }
 
     #[test]

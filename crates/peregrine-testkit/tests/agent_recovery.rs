@@ -313,3 +313,38 @@ async fn acceptance_case_17_capability_wrapper_bookkeeping() {
     let last = succeeded.execution.last_result.as_ref().expect("last result");
     assert!(last.success && last.capability == "python");
 }
+
+#[tokio::test(start_paused = true)]
+async fn fatal_in_an_infrastructure_node_and_a_failing_error_node_both_abort() {
+    let mut agent = ScriptedAgent::planning(&["python"]);
+    agent.classifier = ScriptedInfra::new("classifier", |_, _| fail(ErrorClassification::fatal("registry is inconsistent")));
+    let graph = agent.build(None).expect("graph");
+    let error = run(&graph, "t").await.outcome.expect_err("FATAL in the classifier aborts");
+    assert!(error.to_string().contains("FATAL error in 'classifier': registry is inconsistent"), "{error}");
+
+    let python = ScriptedCapability::new("python", |_, _| fail(ErrorClassification::critical("broken")));
+    let mut agent = ScriptedAgent::planning(&["python"]).with_capability(python);
+    agent.error = ScriptedInfra::new("error", |_, _| fail(ErrorClassification::critical("cannot format the report")));
+    let error_calls = agent.error.calls();
+    let graph = agent.build(None).expect("graph");
+    let error = run(&graph, "t").await.outcome.expect_err("a failing error node aborts");
+    assert!(error.to_string().contains("error node itself failed"), "{error}");
+    assert_eq!(error_calls.count(), 1, "the error node is not retried into a loop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_respond_is_retried_instead_of_ending_the_turn() {
+    let respond = ScriptedCapability::new("respond", |_, call| {
+        if call == 1 {
+            fail(ErrorClassification::retriable("LLM timeout"))
+        } else {
+            Ok(CapabilityOutcome::Done(AgentStateUpdate::message(peregrine_core::Message::assistant("the answer"))))
+        }
+    });
+    let calls = respond.calls();
+    let graph = ScriptedAgent::planning(&["python"]).with_capability(respond).build(None).expect("graph");
+    let result = run(&graph, "t").await;
+    let (state, last_node) = result.completed();
+    assert_eq!((last_node, calls.count()), (Some("respond"), 2));
+    assert_eq!(state.messages.last().map(|m| m.content.as_str()), Some("the answer"));
+}
