@@ -90,6 +90,11 @@ fn interrupt_for(request: ApprovalRequest, ctx: &NodeContext<AgentState>, compon
     Ok(NodeOutput::Interrupt { payload, update: AgentStateUpdate::default() })
 }
 
+/// The last result of a successful execution.
+fn succeeded(node: &str, execution_time_ms: u64, timestamp: chrono::DateTime<Utc>) -> LastResult {
+    LastResult { capability: node.into(), success: true, execution_time_ms, error: None, severity: None, timestamp }
+}
+
 /// The part of every success update that clears error state.
 fn cleared_errors() -> ControlUpdate {
     ControlUpdate { retry_count: Some(0), has_error: Some(false), error_info: Slot::Set(None), ..ControlUpdate::default() }
@@ -254,14 +259,7 @@ impl Node<AgentState> for CapabilityNode {
                         timestamp: now,
                         error: None,
                     }],
-                    last_result: Slot::Set(Some(LastResult {
-                        capability: name.into(),
-                        success: true,
-                        execution_time_ms,
-                        error: None,
-                        severity: None,
-                        timestamp: now,
-                    })),
+                    last_result: Slot::Set(Some(succeeded(name, execution_time_ms, now))),
                     approval: state.approval.approved.is_some().then(Default::default),
                     control: cleared_errors(),
                     ..AgentStateUpdate::default()
@@ -355,14 +353,7 @@ impl<N: InfrastructureNode> Node<AgentState> for InfrastructureWrapper<N> {
                 let mut control = cleared_errors();
                 control.merge_from(self.counters(&state, None));
                 let bookkeeping = AgentStateUpdate {
-                    last_result: Slot::Set(Some(LastResult {
-                        capability: name.into(),
-                        success: true,
-                        execution_time_ms,
-                        error: None,
-                        severity: None,
-                        timestamp: Utc::now(),
-                    })),
+                    last_result: Slot::Set(Some(succeeded(name, execution_time_ms, Utc::now()))),
                     control,
                     ..AgentStateUpdate::default()
                 };

@@ -600,33 +600,13 @@ impl<S: GraphState> Graph<S> {
         tip: &mut Tip,
         write: Write<S::Update>,
     ) -> Result<(), RunError> {
-        let Some(checkpointer) = &self.inner.checkpointer else {
-            let step = NewCheckpoint {
-                thread_id: ctx.thread_id.to_string(),
-                parent_id: None,
-                source: write.source,
-                node: write.node,
-                run_id: ctx.run_id.to_string(),
-                run_step: write.run_step,
-                interrupt: write.interrupt,
-                resume: write.resume,
-                delta: Vec::new(),
-                snapshot: None,
-                created_at: Utc::now(),
-            };
-            Arc::make_mut(state).apply(write.update);
-            tip.meta = Some(step.meta(0));
-            return Ok(());
-        };
         let serialize_error = |source| RunError::State { thread_id: ctx.thread_id.to_string(), action: "serialized", source };
-        let delta = serde_json::to_vec(&write.update).map_err(serialize_error)?;
+        let delta = match self.inner.checkpointer {
+            Some(_) => serde_json::to_vec(&write.update).map_err(serialize_error)?,
+            None => Vec::new(),
+        };
         Arc::make_mut(state).apply(write.update);
-        let snapshot_due = tip.meta.is_none()
-            || tip.deltas + 1 > MAX_DELTAS_BETWEEN_SNAPSHOTS
-            || tip.delta_bytes + delta.len() > tip.snapshot_bytes.max(MIN_SNAPSHOT_INTERVAL_BYTES);
-        let snapshot = if snapshot_due { Some(serde_json::to_vec(&**state).map_err(serialize_error)?) } else { None };
-        let delta_len = delta.len();
-        let checkpoint = NewCheckpoint {
+        let mut checkpoint = NewCheckpoint {
             thread_id: ctx.thread_id.to_string(),
             parent_id: tip.id(),
             source: write.source,
@@ -636,9 +616,21 @@ impl<S: GraphState> Graph<S> {
             interrupt: write.interrupt,
             resume: write.resume,
             delta,
-            snapshot,
+            snapshot: None,
             created_at: Utc::now(),
         };
+        let Some(checkpointer) = &self.inner.checkpointer else {
+            // Nothing is stored; the tip still tells the loop which node ran last.
+            tip.meta = Some(checkpoint.meta(0));
+            return Ok(());
+        };
+        let delta_len = checkpoint.delta.len();
+        let snapshot_due = tip.meta.is_none()
+            || tip.deltas + 1 > MAX_DELTAS_BETWEEN_SNAPSHOTS
+            || tip.delta_bytes + delta_len > tip.snapshot_bytes.max(MIN_SNAPSHOT_INTERVAL_BYTES);
+        if snapshot_due {
+            checkpoint.snapshot = Some(serde_json::to_vec(&**state).map_err(serialize_error)?);
+        }
         let snapshot_len = checkpoint.snapshot.as_ref().map(Vec::len);
         let meta = checkpointer.put_boxed(checkpoint).await?;
         *tip = match snapshot_len {
