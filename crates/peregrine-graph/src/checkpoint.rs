@@ -178,6 +178,21 @@ pub enum CheckpointError {
         /// The missing parent.
         parent_id: CheckpointId,
     },
+    /// Another writer advanced the thread since this run read it (optimistic concurrency: two
+    /// processes on one SQLite file, or any writer that bypassed the thread lock).
+    #[error(
+        "thread '{thread_id}' was changed by another run: its newest checkpoint is {}, but this write follows {}; nothing was written. Reload the thread and try again",
+        latest.map_or_else(|| "none".to_string(), |id| id.to_string()),
+        expected.map_or_else(|| "none".to_string(), |id| id.to_string())
+    )]
+    Conflict {
+        /// The thread.
+        thread_id: String,
+        /// The parent the write named.
+        expected: Option<CheckpointId>,
+        /// The thread's actual newest checkpoint.
+        latest: Option<CheckpointId>,
+    },
     /// A checkpoint without a parent and without a snapshot.
     #[error("a checkpoint without a parent in thread '{thread_id}' must carry a full snapshot")]
     MissingSnapshot {
@@ -235,9 +250,9 @@ impl CheckpointError {
         Self::Backend { backend, operation, source: Box::new(source) }
     }
 
-    /// Whether trying again later may succeed (busy threads and storage failures).
+    /// Whether trying again later may succeed (busy threads, conflicts, storage failures).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::ThreadBusy { .. } | Self::Backend { .. })
+        matches!(self, Self::ThreadBusy { .. } | Self::Conflict { .. } | Self::Backend { .. })
     }
 }
 
@@ -265,6 +280,10 @@ impl std::fmt::Debug for ThreadLock {
 /// Contract (checked by `peregrine_checkpoint::conformance`):
 /// - `put` is atomic and durable when it returns; ids are `max + 1` within a thread (so they
 ///   restart at 1 after `delete_thread`), and a put without a parent must carry a snapshot;
+/// - a put whose source is not [`CheckpointSource::Fork`] must name the thread's newest
+///   checkpoint as its parent (no parent on an empty thread), else it fails with
+///   [`CheckpointError::Conflict`] and writes nothing: a run only ever extends the tip it read,
+///   even when two processes share one store. A fork may name any existing checkpoint;
 /// - timestamps keep at least microsecond precision;
 /// - `threads` orders by the `created_at` of each thread's newest checkpoint, then thread id;
 /// - `load` of `None` is the newest checkpoint of the thread (highest id);
