@@ -7,5 +7,5 @@ pub mod nodes;
 pub mod router;
 
 pub use assembly::{AgentGraphBuilder, AssemblyError};
-pub use nodes::{CapabilityNode, InfrastructureNode, InfrastructureWrapper, RecoveryCounter};
+pub use nodes::{CapabilityNode, InfrastructureNode, InfrastructureWrapper, approval_answer};
 pub use router::{CLASSIFIER, ERROR, ORCHESTRATOR, RouterConfig, TASK_EXTRACTION, TERMINAL_NODES, route};

@@ -1,7 +1,8 @@
 //! Node wrappers: what turns a `Capability` or an `InfrastructureNode` into a graph node. They
 //! add step bookkeeping, timing, events and error capture: a failure becomes state (error flag,
 //! classification, retry policy, counters) for the router to recover from, and success clears
-//! it — for infrastructure nodes and capabilities alike.
+//! it — for infrastructure nodes and capabilities alike. They also hand a node the answer to
+//! its approval request, taken from the engine's verified resume record and nothing else.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,14 +11,17 @@ use chrono::Utc;
 use peregrine_core::events::{EventKind, StatusLevel};
 use peregrine_core::state::{LastResult, NodeKind, StepRecord};
 use peregrine_core::{
-    AgentEvent, AgentState, AgentStateUpdate, ApprovalRequest, CapabilityError, CapabilityInput, CapabilityOutcome, ControlUpdate,
-    DynCapability, ErrorClassification, ErrorInfo, ErrorSeverity, EventSink, PlannedStep, RetryPolicy, Slot,
+    AgentEvent, AgentState, AgentStateUpdate, ApprovalAnswer, ApprovalRequest, CapabilityError, CapabilityInput, CapabilityOutcome,
+    ControlUpdate, DynCapability, ErrorClassification, ErrorInfo, ErrorSeverity, EventSink, PlannedStep, RetryPolicy, Slot,
 };
 use peregrine_graph::{Node, NodeContext, NodeOutput, NodeResult};
 
-/// A recovery budget an infrastructure node's executions count against.
+use crate::router::{CLASSIFIER, ORCHESTRATOR};
+
+/// A recovery budget an infrastructure node's executions count against; decided by the node's
+/// name, so no implementation can opt out of its budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecoveryCounter {
+enum RecoveryCounter {
     /// Every execution that does not end in a retriable failure is a planning attempt.
     Planning,
     /// An execution while a RECLASSIFICATION error is pending is a re-classification.
@@ -50,11 +54,6 @@ pub trait InfrastructureNode: Send + Sync + 'static {
         false
     }
 
-    /// Which recovery budget its executions count against, if any.
-    fn recovery_counter(&self) -> Option<RecoveryCounter> {
-        None
-    }
-
     /// Runs the node.
     fn execute(
         &self,
@@ -74,6 +73,23 @@ impl EventSink for ContextSink<'_> {
 
 fn elapsed_ms(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The answer to the approval request this node made, when it runs again after one: read from
+/// the engine's resume record, which is bound to the digest of what was asked. An answer that
+/// is not an explicit approval (`true` or `{"approved": true}`) counts as a rejection.
+pub fn approval_answer(ctx: &NodeContext<AgentState>) -> Option<ApprovalAnswer> {
+    let record = ctx.resume()?;
+    let approved = match &record.answer {
+        serde_json::Value::Bool(approved) => *approved,
+        answer => answer.get("approved").and_then(serde_json::Value::as_bool).unwrap_or(false),
+    };
+    Some(ApprovalAnswer {
+        approval_type: record.payload.get("approval_type").and_then(serde_json::Value::as_str).unwrap_or_default().to_owned(),
+        approved,
+        payload: record.payload.get("resume_payload").cloned().unwrap_or(serde_json::Value::Null),
+        delivery: record.delivery,
+    })
 }
 
 /// The interrupt payload of an approval request.
@@ -173,8 +189,10 @@ impl CapabilityNode {
 
     /// The step this execution runs: the plan's current step, or a synthesized one in direct chat.
     fn current_step(&self, state: &AgentState) -> Result<(PlannedStep, bool), CapabilityError> {
-        let name = &self.capability.spec().name;
-        if state.direct_chat_capability() == Some(name.as_str()) {
+        let spec = self.capability.spec();
+        let name = &spec.name;
+        // The same predicate as the router's: only a direct-chat capability is talked to directly.
+        if spec.direct_chat_enabled && state.direct_chat_capability() == Some(name.as_str()) {
             let step = PlannedStep {
                 context_key: format!("direct_chat_{name}"),
                 capability: name.clone(),
@@ -232,7 +250,8 @@ impl Node<AgentState> for CapabilityNode {
             },
         ));
         let sink = ContextSink(ctx);
-        let input = CapabilityInput { state: &state, step: &step, spec, events: &sink };
+        let approval = approval_answer(ctx);
+        let input = CapabilityInput { state: &state, step: &step, spec, events: &sink, approval: approval.as_ref() };
         let result = self.capability.execute_boxed(input).await;
         let execution_time_ms = elapsed_ms(started);
         match result {
@@ -246,25 +265,24 @@ impl Node<AgentState> for CapabilityNode {
                         error_message: None,
                     },
                 ));
+                let mut update = update;
                 let now = Utc::now();
-                let bookkeeping = AgentStateUpdate {
-                    current_step_index: (!direct_chat).then_some(index + 1),
-                    step_results: vec![StepRecord {
-                        key: step.context_key.clone(),
-                        step_index: index,
-                        capability: name.into(),
-                        task_objective: step.task_objective.clone(),
-                        success: true,
-                        execution_time_ms,
-                        timestamp: now,
-                        error: None,
-                    }],
-                    last_result: Slot::Set(Some(succeeded(name, execution_time_ms, now))),
-                    approval: state.approval.approved.is_some().then(Default::default),
-                    control: cleared_errors(),
-                    ..AgentStateUpdate::default()
-                };
-                Ok(NodeOutput::Update(update.then(bookkeeping)))
+                if !direct_chat {
+                    update.current_step_index = Some(index + 1);
+                }
+                update.step_results.push(StepRecord {
+                    key: step.context_key.clone(),
+                    step_index: index,
+                    capability: name.into(),
+                    task_objective: step.task_objective.clone(),
+                    success: true,
+                    execution_time_ms,
+                    timestamp: now,
+                    error: None,
+                });
+                update.last_result = Slot::Set(Some(succeeded(name, execution_time_ms, now)));
+                update.control.merge_from(cleared_errors());
+                Ok(NodeOutput::Update(update))
             }
             Ok(CapabilityOutcome::NeedsApproval(request)) => interrupt_for(request, ctx, name),
             Err(error) => {
@@ -307,9 +325,17 @@ impl Node<AgentState> for CapabilityNode {
 pub struct InfrastructureWrapper<N>(pub N);
 
 impl<N: InfrastructureNode> InfrastructureWrapper<N> {
+    fn recovery_counter(&self) -> Option<RecoveryCounter> {
+        match self.0.name() {
+            ORCHESTRATOR => Some(RecoveryCounter::Planning),
+            CLASSIFIER => Some(RecoveryCounter::Reclassification),
+            _ => None,
+        }
+    }
+
     fn counters(&self, state: &AgentState, severity: Option<ErrorSeverity>) -> ControlUpdate {
         let mut control = ControlUpdate::default();
-        match self.0.recovery_counter() {
+        match self.recovery_counter() {
             Some(RecoveryCounter::Planning) if severity != Some(ErrorSeverity::Retriable) => {
                 control.planning_attempts = Some(state.control.planning_attempts + 1);
             }
@@ -350,14 +376,21 @@ impl<N: InfrastructureNode> Node<AgentState> for InfrastructureWrapper<N> {
                         format!("Completed {} in {:.1}s", node.description(), execution_time_ms as f64 / 1000.0),
                     ));
                 }
-                let mut control = cleared_errors();
-                control.merge_from(self.counters(&state, None));
-                let bookkeeping = AgentStateUpdate {
-                    last_result: Slot::Set(Some(succeeded(name, execution_time_ms, Utc::now()))),
-                    control,
-                    ..AgentStateUpdate::default()
-                };
-                Ok(NodeOutput::Update(update.then(bookkeeping)))
+                let mut update = update;
+                update.last_result = Slot::Set(Some(succeeded(name, execution_time_ms, Utc::now())));
+                update.control.merge_from(cleared_errors());
+                update.control.merge_from(self.counters(&state, None));
+                // What the router relies on after these nodes, whatever the node itself returned:
+                // a new classification invalidates the plan, a new plan starts at its first step.
+                match self.recovery_counter() {
+                    Some(RecoveryCounter::Reclassification) => {
+                        update.execution_plan = Slot::Set(None);
+                        update.current_step_index = Some(0);
+                    }
+                    Some(RecoveryCounter::Planning) => update.current_step_index = Some(0),
+                    None => {}
+                }
+                Ok(NodeOutput::Update(update))
             }
             Ok(CapabilityOutcome::NeedsApproval(request)) => interrupt_for(request, ctx, name),
             Err(error) => {

@@ -28,6 +28,8 @@ pub struct RouterConfig {
     pub capabilities: HashSet<String>,
     /// Capabilities that can be talked to directly (`/chat:<name>`).
     pub direct_chat: HashSet<String>,
+    /// Infrastructure node names.
+    pub infrastructure: HashSet<String>,
 }
 
 impl RouterConfig {
@@ -37,7 +39,13 @@ impl RouterConfig {
             limits,
             capabilities: registry.names().map(str::to_owned).collect(),
             direct_chat: registry.iter().filter(|c| c.spec().direct_chat_enabled).map(|c| c.spec().name.clone()).collect(),
+            infrastructure: [TASK_EXTRACTION, CLASSIFIER, ORCHESTRATOR, ERROR].into_iter().map(str::to_owned).collect(),
         }
+    }
+
+    /// Whether the graph has a node of this name (a capability or an infrastructure node).
+    pub fn has_node(&self, name: &str) -> bool {
+        self.capabilities.contains(name) || self.infrastructure.contains(name)
     }
 }
 
@@ -68,12 +76,9 @@ pub fn route(state: &AgentState, config: &RouterConfig) -> Route {
         return Route::to(CLASSIFIER);
     }
     let Some(plan) = &state.planning.execution_plan else { return Route::to(ORCHESTRATOR) };
-    let Some(step) = plan.steps.get(state.planning.current_step_index) else {
-        return Route::Abort(format!(
-            "the plan has {} steps and all have run without reaching respond or clarify; plans must end with one of them",
-            plan.steps.len()
-        ));
-    };
+    // An exhausted plan (it never reached respond or clarify) or a step naming an unknown
+    // capability cannot go on: the error node reports it.
+    let Some(step) = plan.steps.get(state.planning.current_step_index) else { return Route::to(ERROR) };
     if config.capabilities.contains(&step.capability) { Route::to(step.capability.clone()) } else { Route::to(ERROR) }
 }
 
@@ -85,6 +90,7 @@ fn route_error(state: &AgentState, config: &RouterConfig) -> Route {
     }
     let limits = &config.limits;
     match info.classification.severity {
+        ErrorSeverity::Retriable if !config.has_node(&info.node) => Route::to(ERROR),
         ErrorSeverity::Retriable => {
             let failures = state.control.retry_count;
             if failures < limits.effective_attempts(&info.retry_policy) {
@@ -131,6 +137,7 @@ mod tests {
             limits: ExecutionLimits::default(),
             capabilities: names.iter().map(|s| s.to_string()).collect(),
             direct_chat: ["state_manager"].iter().map(|s| s.to_string()).collect(),
+            infrastructure: [TASK_EXTRACTION, CLASSIFIER, ORCHESTRATOR, ERROR].iter().map(|s| s.to_string()).collect(),
         }
     }
 
@@ -183,7 +190,8 @@ mod tests {
             );
         }
         assert_eq!(route(&planned(&["foo", "respond"], 0), &config()), Route::to(ERROR));
-        assert!(matches!(route(&planned(&["python"], 1), &config()), Route::Abort(message) if message.contains("respond or clarify")));
+        assert_eq!(route(&planned(&["python"], 1), &config()), Route::to(ERROR), "an exhausted plan is reported");
+        assert_eq!(route(&planned(&[], 0), &config()), Route::to(ERROR), "so is an empty one");
     }
 
     #[test]
@@ -199,6 +207,13 @@ mod tests {
             };
             assert_eq!(route(&state, &config()), expected, "retry_count {retry_count}");
         }
+    }
+
+    #[test]
+    fn a_retry_of_a_node_the_graph_does_not_have_is_reported() {
+        let mut state = failed("retired_capability", ErrorSeverity::Retriable, RetryPolicy::default());
+        state.control.retry_count = 1;
+        assert_eq!(route(&state, &config()), Route::to(ERROR));
     }
 
     #[test]

@@ -8,7 +8,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a conformance suite reports failures by panicking")]
 
 use std::any::Any;
-use std::collections::HashSet;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -31,6 +30,7 @@ where
 {
     put_assigns_ids_and_round_trips(make().await).await;
     put_validates_parent_and_snapshot(make().await).await;
+    non_fork_puts_must_extend_the_tip(make().await).await;
     load_resolves_nearest_snapshot(make().await).await;
     load_follows_branches(make().await).await;
     list_newest_first(make().await).await;
@@ -91,6 +91,12 @@ fn checkpoint(thread_id: &str, parent_id: Option<CheckpointId>, label: &str, cre
     }
 }
 
+/// The same checkpoint written as a fork, which may follow any existing checkpoint.
+fn forked(mut checkpoint: NewCheckpoint) -> NewCheckpoint {
+    checkpoint.source = CheckpointSource::Fork;
+    checkpoint
+}
+
 /// The same checkpoint, carrying a snapshot as well.
 fn with_snapshot(mut checkpoint: NewCheckpoint, label: &str) -> NewCheckpoint {
     checkpoint.snapshot = Some(snapshot(&checkpoint.thread_id, label));
@@ -105,16 +111,32 @@ async fn put<C: Checkpointer>(checkpointer: &C, checkpoint: NewCheckpoint) -> Ch
     }
 }
 
-/// Puts a chain of delta-only checkpoints under `parent_id`, labelled by `labels`; returns their metadata.
-async fn put_chain<C: Checkpointer>(
+/// Puts a chain of delta-only `Loop` checkpoints under `parent_id` (which must be the thread's
+/// newest), labelled by `labels`; returns their metadata.
+async fn put_chain<C: Checkpointer>(checkpointer: &C, thread_id: &str, parent_id: CheckpointId, labels: &[&str]) -> Vec<CheckpointMeta> {
+    put_labelled(checkpointer, thread_id, parent_id, labels, CheckpointSource::Loop).await
+}
+
+/// Like [`put_chain`], but the first checkpoint is a `Fork`, so `parent_id` may be any
+/// checkpoint: a new branch, as time travel writes it.
+async fn put_branch<C: Checkpointer>(checkpointer: &C, thread_id: &str, parent_id: CheckpointId, labels: &[&str]) -> Vec<CheckpointMeta> {
+    put_labelled(checkpointer, thread_id, parent_id, labels, CheckpointSource::Fork).await
+}
+
+async fn put_labelled<C: Checkpointer>(
     checkpointer: &C,
     thread_id: &str,
     mut parent_id: CheckpointId,
     labels: &[&str],
+    first_source: CheckpointSource,
 ) -> Vec<CheckpointMeta> {
     let mut metas = Vec::new();
     for label in labels {
-        let meta = put(checkpointer, checkpoint(thread_id, Some(parent_id), label, at(i64::try_from(parent_id).unwrap_or(0) + 1))).await;
+        let mut next = checkpoint(thread_id, Some(parent_id), label, at(i64::try_from(parent_id).unwrap_or(0) + 1));
+        if metas.is_empty() {
+            next.source = first_source;
+        }
+        let meta = put(checkpointer, next).await;
         parent_id = meta.checkpoint_id;
         metas.push(meta);
     }
@@ -254,6 +276,89 @@ pub async fn put_validates_parent_and_snapshot<C: Checkpointer>(checkpointer: C)
     .await;
 }
 
+/// Every source but `Fork` must extend the thread's newest checkpoint (or start an empty thread);
+/// otherwise `put` fails with a retryable `Conflict` naming the parent it was given and the
+/// actual newest, and stores nothing. A fork may follow any checkpoint; once it has, the old
+/// branch's tip is no longer the newest and cannot be extended without another fork. A parent
+/// that does not exist stays `UnknownParent`, whatever the source.
+pub async fn non_fork_puts_must_extend_the_tip<C: Checkpointer>(checkpointer: C) {
+    case("non_fork_puts_must_extend_the_tip", async {
+        let c = &checkpointer;
+        // Any source may start an empty thread.
+        let mut root = checkpoint("t", None, "1", at(0));
+        root.source = CheckpointSource::Loop;
+        put(c, root).await;
+        put_chain(c, "t", 1, &["2", "3"]).await;
+        let before = list(c, "t", ListQuery::default()).await;
+
+        let non_fork = [CheckpointSource::Input, CheckpointSource::Loop, CheckpointSource::Resume, CheckpointSource::Update];
+        for source in non_fork {
+            for parent_id in [Some(1), Some(2), None] {
+                let mut stale = checkpoint("t", parent_id, "stale", at(9));
+                stale.source = source;
+                let result = c.put(stale).await;
+                assert_conflict(
+                    &result,
+                    "t",
+                    parent_id,
+                    Some(3),
+                    &format!("a {source:?} put following {parent_id:?} while 3 is the newest"),
+                );
+            }
+        }
+        let result = c.put(checkpoint("t", Some(99), "nowhere", at(9))).await;
+        assert!(
+            matches!(&result, Err(CheckpointError::UnknownParent { thread_id, parent_id: 99 }) if thread_id == "t"),
+            "a non-fork put naming a checkpoint that does not exist must fail with UnknownParent, not Conflict, got {result:?}"
+        );
+        assert_eq!(list(c, "t", ListQuery::default()).await, before, "refused puts store nothing");
+        assert_eq!(load(c, "t", None).await.meta.checkpoint_id, 3, "refused puts leave the newest checkpoint");
+        let other = put(c, checkpoint("other", None, "1", at(0))).await;
+        assert_eq!(other.checkpoint_id, 1, "another thread's newest checkpoint does not matter");
+
+        let fork = put(c, forked(checkpoint("t", Some(2), "fork", at(4)))).await;
+        assert_eq!((fork.checkpoint_id, fork.parent_id), (4, Some(2)), "a fork may follow an older checkpoint; refused puts use up no id");
+        let extended = put_chain(c, "t", 4, &["5"]).await;
+        assert_eq!(extended[0].checkpoint_id, 5, "the fork is the newest checkpoint and can be extended");
+
+        let result = c.put(checkpoint("t", Some(3), "old branch", at(6))).await;
+        assert_conflict(&result, "t", Some(3), Some(5), "a Loop put on the old branch's tip after a fork");
+        let result = c.put(checkpoint("t", Some(4), "behind", at(6))).await;
+        assert_conflict(&result, "t", Some(4), Some(5), "a Loop put on the fork's first checkpoint once it was extended");
+        assert_eq!(ids(&list(c, "t", ListQuery::default()).await), vec![5, 4, 3, 2, 1], "refused puts store nothing");
+
+        let revived = put(c, forked(checkpoint("t", Some(3), "revived", at(7)))).await;
+        assert_eq!((revived.checkpoint_id, revived.parent_id), (6, Some(3)), "the old branch is continued with a fork");
+        let result = c.put(forked(checkpoint("t", Some(7), "missing", at(8)))).await;
+        assert!(
+            matches!(&result, Err(CheckpointError::UnknownParent { thread_id, parent_id: 7 }) if thread_id == "t"),
+            "a fork must still name an existing checkpoint, got {result:?}"
+        );
+    })
+    .await;
+}
+
+/// Checks that `result` is the `Conflict` of a put into `thread` that named `expected` while
+/// `latest` was the newest checkpoint.
+fn assert_conflict(
+    result: &Result<CheckpointMeta, CheckpointError>,
+    thread: &str,
+    expected: Option<CheckpointId>,
+    latest: Option<CheckpointId>,
+    what: &str,
+) {
+    let Err(error @ CheckpointError::Conflict { thread_id, expected: got_expected, latest: got_latest }) = result else {
+        panic!("{what} must fail with Conflict, got {result:?}");
+    };
+    assert_eq!(
+        (thread_id.as_str(), *got_expected, *got_latest),
+        (thread, expected, latest),
+        "{what}: Conflict must name the thread, the parent the put named and the actual newest checkpoint"
+    );
+    assert!(error.is_retryable(), "Conflict is retryable: reload the thread and try again");
+    assert!(error.to_string().contains("changed by another run"), "{what}: unclear message: {error}");
+}
+
 /// `load` rebuilds from the nearest snapshot on the chain: its own (no deltas) or an ancestor's
 /// followed by the deltas after it, oldest first, ending with its own.
 pub async fn load_resolves_nearest_snapshot<C: Checkpointer>(checkpointer: C) {
@@ -275,20 +380,21 @@ pub async fn load_resolves_nearest_snapshot<C: Checkpointer>(checkpointer: C) {
     .await;
 }
 
-/// Forks make branches: a checkpoint's deltas come from its parent chain, never from a sibling
-/// branch with lower ids; `load(None)` is still the highest id, whatever its branch.
+/// Forks (puts with source `Fork`) make branches: a checkpoint's deltas come from its parent
+/// chain, never from a sibling branch with lower ids; `load(None)` is still the highest id,
+/// whatever its branch.
 pub async fn load_follows_branches<C: Checkpointer>(checkpointer: C) {
     case("load_follows_branches", async {
         let c = &checkpointer;
         put(c, checkpoint("t", None, "1", at(0))).await;
         put_chain(c, "t", 1, &["2", "3"]).await;
-        put_chain(c, "t", 2, &["4"]).await;
+        put_branch(c, "t", 2, &["4"]).await;
         assert_resolved(&load(c, "t", Some(4)).await, "t", 4, "1", &["2", "4"]);
         assert_resolved(&load(c, "t", Some(3)).await, "t", 3, "1", &["2", "3"]);
 
-        put_chain(c, "t", 3, &["5"]).await;
-        put_chain(c, "t", 1, &["6"]).await;
-        put_chain(c, "t", 4, &["7"]).await;
+        put_branch(c, "t", 3, &["5"]).await;
+        put_branch(c, "t", 1, &["6"]).await;
+        put_branch(c, "t", 4, &["7"]).await;
         assert_resolved(&load(c, "t", Some(5)).await, "t", 5, "1", &["2", "3", "5"]);
         assert_resolved(&load(c, "t", Some(6)).await, "t", 6, "1", &["6"]);
         assert_resolved(&load(c, "t", Some(7)).await, "t", 7, "1", &["2", "4", "7"]);
@@ -298,7 +404,7 @@ pub async fn load_follows_branches<C: Checkpointer>(checkpointer: C) {
         put(c, checkpoint("s", None, "1", at(0))).await;
         put(c, with_snapshot(checkpoint("s", Some(1), "2", at(1)), "2")).await;
         put_chain(c, "s", 2, &["3"]).await;
-        put_chain(c, "s", 2, &["4", "5"]).await;
+        put_branch(c, "s", 2, &["4", "5"]).await;
         assert_resolved(&load(c, "s", Some(4)).await, "s", 4, "2", &["4"]);
         assert_resolved(&load(c, "s", Some(5)).await, "s", 5, "2", &["4", "5"]);
         assert_resolved(&load(c, "s", Some(3)).await, "s", 3, "2", &["3"]);
@@ -365,7 +471,7 @@ pub async fn threads_summarize_newest_first<C: Checkpointer>(checkpointer: C) {
 }
 
 /// `delete_thread` removes that thread's checkpoints and nothing else; deleting a missing thread is
-/// fine; a deleted thread starts again at id 1.
+/// fine; a deleted thread starts again at id 1, and its new root is its newest checkpoint.
 pub async fn delete_thread_removes_only_that_thread<C: Checkpointer>(checkpointer: C) {
     case("delete_thread_removes_only_that_thread", async {
         let c = &checkpointer;
@@ -392,19 +498,29 @@ pub async fn delete_thread_removes_only_that_thread<C: Checkpointer>(checkpointe
         assert_eq!(meta.checkpoint_id, 1, "a deleted thread starts again at id 1");
         let result = c.put(checkpoint("a", Some(2), "x", at(6))).await;
         assert!(matches!(result, Err(CheckpointError::UnknownParent { .. })), "deleted checkpoints cannot be parents, got {result:?}");
+        let result = c.put(checkpoint("a", None, "root again", at(6))).await;
+        assert!(
+            matches!(&result, Err(CheckpointError::Conflict { expected: None, latest: Some(1), .. })),
+            "the recreated thread's newest checkpoint is 1, got {result:?}"
+        );
+        assert_eq!(
+            put_chain(c, "a", 1, &["2"]).await[0].checkpoint_id,
+            2,
+            "the recreated thread is extended from its own newest checkpoint"
+        );
     })
     .await;
 }
 
 /// `copy_thread` copies every checkpoint with the same ids, parents, snapshots, deltas and
-/// metadata (only the thread id changes); the copy is independent; an existing target is
-/// `ThreadExists`, a missing source `ThreadNotFound`.
+/// metadata (only the thread id changes); the copy's newest checkpoint is the source's; the copy is
+/// independent; an existing target is `ThreadExists`, a missing source `ThreadNotFound`.
 pub async fn copy_thread_copies_everything<C: Checkpointer>(checkpointer: C) {
     case("copy_thread_copies_everything", async {
         let c = &checkpointer;
         put(c, checkpoint("from", None, "1", at(0))).await;
         put_chain(c, "from", 1, &["2", "3"]).await;
-        let mut interrupted = with_snapshot(checkpoint("from", Some(2), "4", at(4)), "4");
+        let mut interrupted = forked(with_snapshot(checkpoint("from", Some(2), "4", at(4)), "4"));
         interrupted.interrupt = Some(pending_interrupt());
         put(c, interrupted).await;
         put_chain(c, "from", 4, &["5"]).await;
@@ -440,8 +556,14 @@ pub async fn copy_thread_copies_everything<C: Checkpointer>(checkpointer: C) {
         );
         assert!(c.load("new", None).await.expect("load").is_none(), "a refused copy creates nothing");
 
-        let written = put(c, checkpoint("to", Some(3), "6", at(6))).await;
+        let result = c.put(checkpoint("to", Some(3), "6", at(6))).await;
+        assert!(
+            matches!(&result, Err(CheckpointError::Conflict { thread_id, expected: Some(3), latest: Some(5) }) if thread_id == "to"),
+            "the copy's newest checkpoint is the source's: a non-fork put on checkpoint 3 must conflict with 5, got {result:?}"
+        );
+        let written = put(c, forked(checkpoint("to", Some(3), "6", at(6)))).await;
         assert_eq!(written.checkpoint_id, 6, "the copy continues from the copied ids");
+        assert_eq!(put_chain(c, "to", 6, &["7"]).await[0].checkpoint_id, 7, "the copy's own newest checkpoint can be extended");
         assert_eq!(list(c, "from", ListQuery::default()).await, source, "writes to the copy do not reach the source");
         assert!(c.load("from", Some(6)).await.expect("load").is_none(), "writes to the copy do not reach the source");
         c.delete_thread("to").await.expect("delete the copy");
@@ -465,6 +587,7 @@ fn resume_record() -> ResumeRecord {
         node: "approve".to_owned(),
         payload: pending_interrupt().payload,
         answer: json!({"approved": true, "comment": "ok", "edits": [{"channel": "SR:C01:X", "value": 2}]}),
+        delivery: 2,
     }
 }
 
@@ -506,55 +629,69 @@ pub async fn interrupts_and_resumes_persist<C: Checkpointer>(checkpointer: C) {
 const WRITERS_PER_KIND: usize = 4;
 const PUTS_PER_WRITER: usize = 25;
 
-/// Eight writers put 25 checkpoints each at once: four chain on whatever `load(None)` returns in
-/// one shared thread, four write their own thread. No put is lost and ids are unique and gapless
-/// in every thread.
+/// Eight writers put 25 checkpoints each at once. Four race on one shared thread, each extending
+/// whatever `load(None)` returned: a put either succeeds or fails with `Conflict` (another writer
+/// got there first), and the successful ones form one unbroken chain with gapless ids. Each
+/// refused put lost to a success inside its load-to-put window, and a success lies in at most one
+/// window per other writer, so there are at least as many successes as rounds. Four write their
+/// own threads and are never refused. No stored checkpoint is lost.
 pub async fn concurrent_writers_lose_nothing<C: Checkpointer>(checkpointer: C) {
     case("concurrent_writers_lose_nothing", async {
         let c = Arc::new(checkpointer);
         put(&*c, checkpoint("shared", None, "seed", at(0))).await;
-        let mut writers = Vec::new();
-        for writer in 0..WRITERS_PER_KIND {
-            writers.push(tokio::spawn(shared_writer(Arc::clone(&c), writer)));
-            writers.push(tokio::spawn(own_thread_writer(Arc::clone(&c), writer)));
+        let shared: Vec<_> = (0..WRITERS_PER_KIND).map(|writer| tokio::spawn(shared_writer(Arc::clone(&c), writer))).collect();
+        let own: Vec<_> = (0..WRITERS_PER_KIND).map(|writer| tokio::spawn(own_thread_writer(Arc::clone(&c), writer))).collect();
+
+        let mut chain = Vec::new();
+        for writer in shared {
+            chain.extend(writer.await.unwrap_or_else(|error| panic!("a shared-thread writer failed: {error}")));
         }
-        let mut shared_ids = Vec::new();
-        for writer in writers {
+        for writer in own {
             let (thread_id, written) = writer.await.unwrap_or_else(|error| panic!("a writer task failed: {error}"));
-            if thread_id == "shared" {
-                shared_ids.extend(written);
-            } else {
-                let want: Vec<CheckpointId> = (1..=PUTS_PER_WRITER as CheckpointId).collect();
-                assert_eq!(written, want, "a writer alone on thread '{thread_id}' gets ids 1, 2, 3… in order");
-                assert_eq!(ids(&list(&*c, &thread_id, ListQuery::default()).await).len(), PUTS_PER_WRITER);
-            }
+            let want: Vec<CheckpointId> = (1..=PUTS_PER_WRITER as CheckpointId).collect();
+            assert_eq!(written, want, "a writer alone on thread '{thread_id}' gets ids 1, 2, 3… in order");
+            assert_eq!(ids(&list(&*c, &thread_id, ListQuery::default()).await).len(), PUTS_PER_WRITER);
         }
 
-        let shared_puts = WRITERS_PER_KIND * PUTS_PER_WRITER;
-        let unique: HashSet<CheckpointId> = shared_ids.iter().copied().collect();
-        assert_eq!(unique.len(), shared_puts, "ids returned to concurrent writers of one thread must be unique");
-        let mut stored = ids(&list(c.as_ref(), "shared", ListQuery::default()).await);
+        chain.sort_unstable_by_key(|meta| meta.checkpoint_id);
+        let successes = chain.len();
+        assert!(successes >= PUTS_PER_WRITER, "only {successes} of the shared puts succeeded; every round must let at least one through");
+        let mut stored = list(c.as_ref(), "shared", ListQuery::default()).await;
         stored.reverse();
-        let want: Vec<CheckpointId> = (1..=shared_puts as CheckpointId + 1).collect();
-        assert_eq!(stored, want, "every put into the shared thread is stored, with gapless ids");
+        assert_eq!(stored.len(), successes + 1, "the shared thread holds the seed and exactly the successful puts");
+        for (index, meta) in stored.iter().enumerate() {
+            let id = index as CheckpointId + 1;
+            assert_eq!(meta.checkpoint_id, id, "the shared thread's ids are gapless");
+            assert_eq!(meta.parent_id, id.checked_sub(1).filter(|&parent| parent > 0), "the shared thread is one unbroken chain");
+        }
+        assert_eq!(chain, stored[1..], "what the writers were told they wrote is what is stored");
 
         let summaries = c.threads().await.expect("threads");
         let total: u64 = summaries.iter().map(|summary| summary.checkpoints).sum();
-        assert_eq!(total, (2 * WRITERS_PER_KIND * PUTS_PER_WRITER + 1) as u64, "no put is lost: 200 concurrent puts plus the seed");
+        assert_eq!(total, (WRITERS_PER_KIND * PUTS_PER_WRITER + successes + 1) as u64, "no successful put is lost");
         assert_eq!(summaries.len(), WRITERS_PER_KIND + 1);
     })
     .await;
 }
 
-async fn shared_writer<C: Checkpointer>(c: Arc<C>, writer: usize) -> (String, Vec<CheckpointId>) {
+/// Extends the shared thread's newest checkpoint `PUTS_PER_WRITER` times; returns what it wrote.
+async fn shared_writer<C: Checkpointer>(c: Arc<C>, writer: usize) -> Vec<CheckpointMeta> {
     let mut written = Vec::new();
     for step in 0..PUTS_PER_WRITER {
         let parent = load(c.as_ref(), "shared", None).await.meta.checkpoint_id;
-        let meta = put(c.as_ref(), checkpoint("shared", Some(parent), &format!("w{writer}-{step}"), at(1))).await;
-        assert!(meta.checkpoint_id > parent, "a new checkpoint's id ({}) must exceed its parent's ({parent})", meta.checkpoint_id);
-        written.push(meta.checkpoint_id);
+        match c.put(checkpoint("shared", Some(parent), &format!("w{writer}-{step}"), at(1))).await {
+            Ok(meta) => {
+                assert_eq!(meta.checkpoint_id, parent + 1, "a put extending the newest checkpoint {parent} gets the next id");
+                written.push(meta);
+            }
+            Err(CheckpointError::Conflict { thread_id, expected, latest }) => {
+                assert_eq!((thread_id.as_str(), expected), ("shared", Some(parent)), "Conflict names the thread and the parent given");
+                assert!(latest > Some(parent), "a refused put lost to a newer checkpoint than its parent {parent}, got {latest:?}");
+            }
+            Err(error) => panic!("a put racing other writers may only fail with Conflict, got: {error}"),
+        }
     }
-    ("shared".to_owned(), written)
+    written
 }
 
 async fn own_thread_writer<C: Checkpointer>(c: Arc<C>, writer: usize) -> (String, Vec<CheckpointId>) {

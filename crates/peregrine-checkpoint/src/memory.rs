@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use peregrine_graph::checkpoint::{
-    CheckpointError, CheckpointId, CheckpointMeta, Checkpointer, ListQuery, LoadedCheckpoint, NewCheckpoint, ThreadLock, ThreadSummary,
+    CheckpointError, CheckpointId, CheckpointMeta, CheckpointSource, Checkpointer, ListQuery, LoadedCheckpoint, NewCheckpoint, ThreadLock,
+    ThreadSummary,
 };
 
 /// Locks a std mutex, carrying on after a panic elsewhere: every critical section here leaves the
@@ -108,7 +109,11 @@ impl Checkpointer for MemoryCheckpointer {
             }
             _ => {}
         }
-        let checkpoint_id = existing.and_then(|checkpoints| checkpoints.last_key_value()).map_or(1, |(id, _)| id + 1);
+        let latest = existing.and_then(|checkpoints| checkpoints.last_key_value()).map(|(id, _)| *id);
+        if checkpoint.source != CheckpointSource::Fork && checkpoint.parent_id != latest {
+            return Err(CheckpointError::Conflict { thread_id: checkpoint.thread_id, expected: checkpoint.parent_id, latest });
+        }
+        let checkpoint_id = latest.map_or(1, |id| id + 1);
         let meta = checkpoint.meta(checkpoint_id);
         let stored = StoredCheckpoint { meta: meta.clone(), delta: checkpoint.delta, snapshot: checkpoint.snapshot };
         threads.entry(checkpoint.thread_id).or_default().insert(checkpoint_id, stored);

@@ -3,7 +3,10 @@
 //!
 //! Thread locks live in process memory, shared by the clones of one opened
 //! [`SqliteCheckpointer`]; two handles (or two processes) on the same file do not see each other's
-//! locks. Serve a thread from one process at a time, or use the PostgreSQL backend, which locks
+//! locks. What still keeps two runs from both continuing one checkpoint is `put`'s compare-and-set:
+//! it reads the thread's newest id inside its write transaction, so the slower of two writers
+//! extending the same tip gets `CheckpointError::Conflict` and its run stops. Serve a thread from
+//! one process at a time to avoid those failed runs, or use the PostgreSQL backend, which locks
 //! threads in the database for several server processes.
 //!
 //! Every call runs on tokio's blocking pool against one connection behind a mutex, so the async
@@ -15,7 +18,8 @@ use std::time::Duration;
 
 use chrono::SecondsFormat;
 use peregrine_graph::checkpoint::{
-    CheckpointError, CheckpointId, CheckpointMeta, Checkpointer, ListQuery, LoadedCheckpoint, NewCheckpoint, ThreadLock, ThreadSummary,
+    CheckpointError, CheckpointId, CheckpointMeta, CheckpointSource, Checkpointer, ListQuery, LoadedCheckpoint, NewCheckpoint, ThreadLock,
+    ThreadSummary,
 };
 use rusqlite::{Connection, TransactionBehavior, params};
 
@@ -43,7 +47,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     PRIMARY KEY (thread_id, checkpoint_id)
 );";
 
-const NEXT_ID: &str = "SELECT COALESCE(MAX(checkpoint_id), 0) + 1 FROM checkpoints WHERE thread_id = ?1";
+/// The thread's newest id (NULL for an empty thread): one seek on the primary key.
+const LATEST_ID: &str = "SELECT MAX(checkpoint_id) FROM checkpoints WHERE thread_id = ?1";
 
 const CHECKPOINT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2)";
 
@@ -203,9 +208,20 @@ fn put_blocking(connection: &mut Connection, checkpoint: NewCheckpoint) -> Resul
     if checkpoint.parent_id.is_none() && checkpoint.snapshot.is_none() {
         return Err(CheckpointError::MissingSnapshot { thread_id: checkpoint.thread_id });
     }
+    // IMMEDIATE takes the file's write lock now, so no other connection can move the newest id
+    // between reading it here and the commit.
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(failed(operation))?;
     let thread_id = checkpoint.thread_id.as_str();
-    if let Some(parent_id) = checkpoint.parent_id {
+    let stored_latest: Option<i64> = transaction
+        .prepare_cached(LATEST_ID)
+        .map_err(failed(operation))?
+        .query_row([thread_id], |row| row.get(0))
+        .map_err(failed(operation))?;
+    let latest = stored_latest.map(|id| checkpoint_id(thread_id, id)).transpose()?;
+    // The newest checkpoint exists; any other parent is looked up.
+    if let Some(parent_id) = checkpoint.parent_id
+        && checkpoint.parent_id != latest
+    {
         let exists = match sql_id(parent_id) {
             Some(parent) => {
                 let mut statement = transaction.prepare_cached(CHECKPOINT_EXISTS).map_err(failed(operation))?;
@@ -217,11 +233,10 @@ fn put_blocking(connection: &mut Connection, checkpoint: NewCheckpoint) -> Resul
             return Err(CheckpointError::UnknownParent { thread_id: thread_id.to_owned(), parent_id });
         }
     }
-    let next_id: i64 = transaction
-        .prepare_cached(NEXT_ID)
-        .map_err(failed(operation))?
-        .query_row([thread_id], |row| row.get(0))
-        .map_err(failed(operation))?;
+    if checkpoint.source != CheckpointSource::Fork && checkpoint.parent_id != latest {
+        return Err(CheckpointError::Conflict { thread_id: thread_id.to_owned(), expected: checkpoint.parent_id, latest });
+    }
+    let next_id = stored_latest.map_or(1, |id| id + 1);
     let meta = checkpoint.meta(checkpoint_id(thread_id, next_id)?);
     let json = serde_json::to_string(&meta).map_err(|error| CheckpointError::backend(BACKEND, operation, error))?;
     let created_at = meta.created_at.to_rfc3339_opts(SecondsFormat::Nanos, true);

@@ -20,6 +20,7 @@ macro_rules! conformance_cases {
 conformance_cases!(
     put_assigns_ids_and_round_trips,
     put_validates_parent_and_snapshot,
+    non_fork_puts_must_extend_the_tip,
     load_resolves_nearest_snapshot,
     load_follows_branches,
     list_newest_first,

@@ -134,6 +134,7 @@ macro_rules! conformance_cases {
 conformance_cases!(
     put_assigns_ids_and_round_trips,
     put_validates_parent_and_snapshot,
+    non_fork_puts_must_extend_the_tip,
     load_resolves_nearest_snapshot,
     load_follows_branches,
     list_newest_first,
@@ -247,7 +248,8 @@ async fn concurrent_puts_from_two_instances_get_unique_gapless_ids() {
             tasks.push(tokio::spawn(async move {
                 let mut ids = Vec::new();
                 for step in 1..=PUTS_PER_TASK {
-                    ids.push(instance.put(new_checkpoint("shared", Some(1), step)).await.unwrap().checkpoint_id);
+                    let branch = NewCheckpoint { source: CheckpointSource::Fork, ..new_checkpoint("shared", Some(1), step) };
+                    ids.push(instance.put(branch).await.unwrap().checkpoint_id);
                 }
                 ids
             }));
@@ -265,6 +267,42 @@ async fn concurrent_puts_from_two_instances_get_unique_gapless_ids() {
     let summaries = a.threads().await.unwrap();
     assert_eq!(summaries[0].checkpoints, total + 1, "the thread's count includes every put");
     assert_eq!(summaries[0].latest.checkpoint_id, total + 1);
+    scratch.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_extending_the_same_tip_let_exactly_one_through() {
+    const ROUNDS: u32 = 10;
+    let Some(url) = server_url() else { return };
+    let scratch = Scratch::new(&url).await;
+    let (_, schema_url) = scratch.schema().await;
+    let a = Arc::new(PostgresCheckpointer::connect(&schema_url).await.unwrap());
+    let b = Arc::new(PostgresCheckpointer::connect(&schema_url).await.unwrap());
+    a.put(new_checkpoint("t", None, 0)).await.unwrap();
+
+    for round in 1..=ROUNDS {
+        let tip = a.load("t", None).await.unwrap().unwrap().meta.checkpoint_id;
+        assert_eq!(b.load("t", None).await.unwrap().unwrap().meta.checkpoint_id, tip, "both instances read the same tip");
+        let puts = [&a, &b].map(|instance| {
+            let instance = Arc::clone(instance);
+            tokio::spawn(async move { instance.put(new_checkpoint("t", Some(tip), round)).await })
+        });
+        let [first, second] = puts;
+        let (winner, loser) = match (first.await.unwrap(), second.await.unwrap()) {
+            (Ok(meta), Err(error)) | (Err(error), Ok(meta)) => (meta, error),
+            other => panic!("round {round}: exactly one of two puts extending checkpoint {tip} must succeed, got {other:?}"),
+        };
+        assert_eq!((winner.checkpoint_id, winner.parent_id), (tip + 1, Some(tip)));
+        assert!(
+            matches!(&loser, CheckpointError::Conflict { thread_id, expected, latest } if thread_id == "t" && *expected == Some(tip) && *latest == Some(tip + 1)),
+            "round {round}: the slower writer must get Conflict, got {loser:?}"
+        );
+    }
+    let history = b.list("t", ListQuery::default()).await.unwrap();
+    assert_eq!(history.len(), ROUNDS as usize + 1, "only the winners are stored");
+    assert!(history.windows(2).all(|pair| pair[0].parent_id == Some(pair[1].checkpoint_id)), "one unbroken chain: {history:?}");
+    let summaries = a.threads().await.unwrap();
+    assert_eq!((summaries[0].checkpoints, summaries[0].latest.checkpoint_id), (u64::from(ROUNDS) + 1, u64::from(ROUNDS) + 1));
     scratch.cleanup().await;
 }
 

@@ -34,6 +34,7 @@ macro_rules! conformance_cases {
 conformance_cases!(
     put_assigns_ids_and_round_trips,
     put_validates_parent_and_snapshot,
+    non_fork_puts_must_extend_the_tip,
     load_resolves_nearest_snapshot,
     load_follows_branches,
     list_newest_first,
@@ -195,7 +196,8 @@ async fn two_handles_on_one_file_assign_unique_ids() {
         tokio::spawn(async move {
             let mut ids = Vec::new();
             for _ in 0..20 {
-                ids.push(handle.put(checkpoint("t", Some(1), "branch")).await.unwrap().checkpoint_id);
+                let branch = NewCheckpoint { source: CheckpointSource::Fork, ..checkpoint("t", Some(1), "branch") };
+                ids.push(handle.put(branch).await.unwrap().checkpoint_id);
             }
             ids
         })
@@ -206,4 +208,47 @@ async fn two_handles_on_one_file_assign_unique_ids() {
     }
     ids.sort_unstable();
     assert_eq!(ids, (2..=41).collect::<Vec<u64>>(), "the write transaction makes max+1 atomic across connections");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_handles_extending_the_same_tip_let_exactly_one_through() {
+    const ROUNDS: u64 = 10;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoints.db");
+    // Separately opened handles, as two processes have: neither sees the other's thread lock.
+    let first = SqliteCheckpointer::open(&path).await.unwrap();
+    let second = SqliteCheckpointer::open(&path).await.unwrap();
+    first.put(checkpoint("t", None, "root")).await.unwrap();
+    let _first_lock = first.lock_thread("t").await.unwrap();
+    let _second_lock = second.lock_thread("t").await.unwrap();
+
+    for round in 1..=ROUNDS {
+        let tip = first.load("t", None).await.unwrap().unwrap().meta.checkpoint_id;
+        assert_eq!(second.load("t", None).await.unwrap().unwrap().meta.checkpoint_id, tip, "both handles read the same tip");
+        assert_eq!(tip, round);
+        let (a, b) = tokio::join!(
+            tokio::spawn({
+                let first = first.clone();
+                async move { first.put(checkpoint("t", Some(tip), "first")).await }
+            }),
+            tokio::spawn({
+                let second = second.clone();
+                async move { second.put(checkpoint("t", Some(tip), "second")).await }
+            }),
+        );
+        let (winner, loser) = match (a.unwrap(), b.unwrap()) {
+            (Ok(meta), Err(error)) | (Err(error), Ok(meta)) => (meta, error),
+            other => panic!("round {round}: exactly one of two puts extending checkpoint {tip} must succeed, got {other:?}"),
+        };
+        assert_eq!((winner.checkpoint_id, winner.parent_id), (tip + 1, Some(tip)));
+        assert!(
+            matches!(&loser, CheckpointError::Conflict { thread_id, expected, latest } if thread_id == "t" && *expected == Some(tip) && *latest == Some(tip + 1)),
+            "round {round}: the slower writer must get Conflict, got {loser:?}"
+        );
+        assert!(loser.is_retryable());
+    }
+
+    let history = second.list("t", ListQuery::default()).await.unwrap();
+    assert_eq!(history.len() as u64, ROUNDS + 1, "only the winners are stored");
+    assert!(history.windows(2).all(|pair| pair[0].parent_id == Some(pair[1].checkpoint_id)), "one unbroken chain: {history:?}");
 }

@@ -2,7 +2,7 @@
 //! checkpoints, events) with rule-based infrastructure nodes instead of LLM calls, so the main
 //! job runs offline before the LLM layer exists.
 
-use peregrine_agent::{AgentGraphBuilder, InfrastructureNode, RecoveryCounter};
+use peregrine_agent::{AgentGraphBuilder, InfrastructureNode};
 use peregrine_core::plan::{CLARIFY, RESPOND};
 use peregrine_core::state::TaskState;
 use peregrine_core::{
@@ -50,9 +50,6 @@ impl InfrastructureNode for SelectAll {
     fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy::classifier()
     }
-    fn recovery_counter(&self) -> Option<RecoveryCounter> {
-        Some(RecoveryCounter::Reclassification)
-    }
     async fn execute(&self, _state: &AgentState, _ctx: &NodeContext<AgentState>) -> Result<CapabilityOutcome, CapabilityError> {
         Ok(CapabilityOutcome::Done(AgentStateUpdate {
             active_capabilities: Some(self.0.clone()),
@@ -75,9 +72,6 @@ impl InfrastructureNode for RulePlanner {
     }
     fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy::orchestrator()
-    }
-    fn recovery_counter(&self) -> Option<RecoveryCounter> {
-        Some(RecoveryCounter::Planning)
     }
     async fn execute(&self, state: &AgentState, _ctx: &NodeContext<AgentState>) -> Result<CapabilityOutcome, CapabilityError> {
         let task = state.task.current_task.clone().unwrap_or_default();

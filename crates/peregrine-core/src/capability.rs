@@ -127,6 +127,34 @@ pub struct ApprovalRequest {
     pub payload: Value,
 }
 
+/// A person's answer to an approval request, as verified by the engine: it is bound to the
+/// digest of the payload that was shown, and reaches only the node that asked, once per
+/// delivery.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalAnswer {
+    /// The approval type that was asked for.
+    pub approval_type: String,
+    /// Whether the person approved. Anything but an explicit approval counts as a rejection.
+    pub approved: bool,
+    /// Exactly what was approved (the request's payload).
+    pub payload: Value,
+    /// How many times this answer has been delivered; above 1 the approved action may already
+    /// have run before a crash or cancellation, so check before repeating a side effect.
+    pub delivery: u32,
+}
+
+impl ApprovalAnswer {
+    /// Whether this answer approves `request_type` (and is not a rejection).
+    pub fn approves(&self, request_type: &str) -> bool {
+        self.approved && self.approval_type == request_type
+    }
+
+    /// Whether the approved action may already have run (a redelivery after a crash or cancel).
+    pub fn is_redelivery(&self) -> bool {
+        self.delivery > 1
+    }
+}
+
 /// What a capability sees when it runs.
 pub struct CapabilityInput<'a> {
     /// The whole state.
@@ -137,6 +165,8 @@ pub struct CapabilityInput<'a> {
     pub spec: &'a CapabilitySpec,
     /// Event sink.
     pub events: &'a dyn EventSink,
+    /// The answer to this capability's approval request, when it runs again after one.
+    pub approval: Option<&'a ApprovalAnswer>,
 }
 
 impl CapabilityInput<'_> {

@@ -16,8 +16,8 @@ pub mod registry;
 pub mod state;
 
 pub use capability::{
-    ApprovalRequest, Capability, CapabilityError, CapabilityInput, CapabilityOutcome, CapabilitySpec, ClassifierExample, ClassifierGuide,
-    DynCapability, EventSink, OrchestratorExample, OrchestratorGuide,
+    ApprovalAnswer, ApprovalRequest, Capability, CapabilityError, CapabilityInput, CapabilityOutcome, CapabilitySpec, ClassifierExample,
+    ClassifierGuide, DynCapability, EventSink, OrchestratorExample, OrchestratorGuide,
 };
 pub use context::{Cardinality, ConstraintMode, ContextEntry, ContextError, ContextStore, ContextType, Requirement};
 pub use error::{ErrorClassification, ErrorSeverity, ExecutionLimits, RetryPolicy};

@@ -8,6 +8,9 @@
 //! `runtime_*` pair. `status_updates` / `progress_events` are replaced by the typed event stream,
 //! and the legacy `ui_captured_*` lists by `ui_artifacts` alone. The router node's
 //! `control_routing_*` keys never existed in upstream's state (LangGraph dropped them).
+//! `approval_approved` / `approved_payload` are gone on purpose: upstream let any state update
+//! claim an approval; here the answer reaches the resumed node only through the engine's
+//! verified resume record (`CapabilityInput::approval`), bound to the digest of what was asked.
 
 use std::collections::BTreeMap;
 
@@ -177,15 +180,6 @@ pub struct ExecutionState {
     pub start_time: Option<DateTime<Utc>>,
 }
 
-/// The gateway's injection of an approval answer.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ApprovalState {
-    /// `Some(true)` approved, `Some(false)` rejected, `None` no answer pending.
-    pub approved: Option<bool>,
-    /// What was approved (only when approved).
-    pub approved_payload: Option<Value>,
-}
-
 /// Whether a failing node is a capability (a plan step) or an infrastructure node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -288,8 +282,6 @@ pub struct AgentState {
     pub planning: PlanningState,
     /// Step records and timing.
     pub execution: ExecutionState,
-    /// Approval answer injected on resume.
-    pub approval: ApprovalState,
     /// Recovery counters and error flags.
     pub control: ControlState,
     /// Artifacts for the interface.
@@ -459,9 +451,6 @@ pub struct AgentStateUpdate {
     /// New turn start time.
     #[serde(skip_serializing_if = "Slot::is_keep")]
     pub execution_start_time: Slot<Option<DateTime<Utc>>>,
-    /// New approval answer.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub approval: Option<ApprovalState>,
     /// Control patch.
     #[serde(skip_serializing_if = "ControlUpdate::is_empty")]
     pub control: ControlUpdate,
@@ -482,41 +471,6 @@ impl AgentStateUpdate {
     /// An update that starts a new turn.
     pub fn new_turn(turn: TurnStart) -> Self {
         Self { new_turn: Some(turn), ..Self::default() }
-    }
-
-    /// Folds `later` into `self` as if `self` were applied first and `later` second.
-    pub fn merge_from(&mut self, later: Self) {
-        if later.new_turn.is_some() {
-            *self = later;
-            return;
-        }
-        self.messages.extend(later.messages);
-        match (&mut self.context, later.context) {
-            (Some(mine), Some(theirs)) => mine.merge(theirs),
-            (mine @ None, theirs) => *mine = theirs,
-            (Some(_), None) => {}
-        }
-        self.session.extend(later.session);
-        self.agent_control = later.agent_control.or(self.agent_control.take());
-        self.task = later.task.or(self.task.take());
-        self.active_capabilities = later.active_capabilities.or(self.active_capabilities.take());
-        self.execution_plan = later.execution_plan.or_earlier(std::mem::take(&mut self.execution_plan));
-        self.current_step_index = later.current_step_index.or(self.current_step_index);
-        for record in later.step_results {
-            upsert_record(&mut self.step_results, record);
-        }
-        self.last_result = later.last_result.or_earlier(std::mem::take(&mut self.last_result));
-        self.execution_start_time = later.execution_start_time.or_earlier(std::mem::take(&mut self.execution_start_time));
-        self.approval = later.approval.or(self.approval.take());
-        self.control.merge_from(later.control);
-        self.ui_artifacts.extend(later.ui_artifacts);
-        self.react = later.react.or(self.react.take());
-    }
-
-    /// Returns `self` with `later` folded in.
-    pub fn then(mut self, later: Self) -> Self {
-        self.merge_from(later);
-        self
     }
 }
 
@@ -558,9 +512,6 @@ impl GraphState for AgentState {
         }
         update.last_result.apply_to(&mut self.execution.last_result);
         update.execution_start_time.apply_to(&mut self.execution.start_time);
-        if let Some(approval) = update.approval {
-            self.approval = approval;
-        }
         update.control.apply_to(&mut self.control);
         self.ui_artifacts.extend(update.ui_artifacts);
         if let Some(react) = update.react {
@@ -595,7 +546,6 @@ mod tests {
             is_killed: true,
             ..ControlState::default()
         };
-        state.approval.approved = Some(true);
         state.react.step_count = 4;
         state.capability_slash_commands.insert("beam".into(), json!(true));
         state
@@ -631,29 +581,6 @@ mod tests {
         state.apply(update);
         assert_eq!(state.session_state.get("session_id"), Some(&json!("s1")));
         assert_eq!(state.direct_chat_capability(), Some("state_manager"));
-    }
-
-    #[test]
-    fn merged_updates_apply_like_sequential_updates() {
-        let first = AgentStateUpdate {
-            messages: vec![Message::assistant("a")],
-            current_step_index: Some(1),
-            control: ControlUpdate { has_error: Some(true), retry_count: Some(1), ..ControlUpdate::default() },
-            ..AgentStateUpdate::default()
-        };
-        let second = AgentStateUpdate {
-            messages: vec![Message::assistant("b")],
-            execution_plan: Slot::Set(None),
-            control: ControlUpdate { has_error: Some(false), error_info: Slot::Set(None), ..ControlUpdate::default() },
-            ..AgentStateUpdate::default()
-        };
-        let base = busy_state();
-        let mut sequential = base.clone();
-        sequential.apply(first.clone());
-        sequential.apply(second.clone());
-        let mut merged = base;
-        merged.apply(first.then(second));
-        assert_eq!(sequential, merged);
     }
 
     #[test]

@@ -55,6 +55,14 @@ pub struct ResumeRecord {
     pub payload: Value,
     /// The answer.
     pub answer: Value,
+    /// How many times the answer has been handed to the node: 1 on the first delivery, more
+    /// when the node is run again after a crash or cancellation interrupted it.
+    #[serde(default = "first_delivery")]
+    pub delivery: u32,
+}
+
+fn first_delivery() -> u32 {
+    1
 }
 
 /// Everything about a checkpoint except the state itself.

@@ -406,15 +406,18 @@ impl<S: GraphState> Graph<S> {
 
     /// Starts a new run on `thread_id` by applying `input` to its latest state (a new thread
     /// starts from `S::default()`), then runs until END, an interrupt, cancellation or an error.
+    /// Refused while the thread waits for an answer, or holds one whose node has not finished.
     pub async fn run(&self, thread_id: &str, input: S::Update, opts: RunOptions<S::Event>) -> Result<RunOutcome<S>, RunError> {
         let _lock = self.lock(thread_id).await?;
         let (mut state, mut tip) = self.load_or_default(thread_id).await?;
-        if let Some(interrupt) = tip.meta.as_ref().and_then(|meta| meta.interrupt.as_ref()) {
-            return Err(RunError::PendingInterrupt {
-                thread_id: thread_id.into(),
-                interrupt_id: interrupt.id.clone(),
-                node: interrupt.node.clone(),
-            });
+        if let Some(meta) = &tip.meta {
+            if let Some(interrupt) = &meta.interrupt {
+                let (interrupt_id, node) = (interrupt.id.clone(), interrupt.node.clone());
+                return Err(RunError::PendingInterrupt { thread_id: thread_id.into(), interrupt_id, node });
+            }
+            if let Some(resume) = &meta.resume {
+                return Err(RunError::PendingResume { thread_id: thread_id.into(), node: resume.node.clone() });
+            }
         }
         let ctx = self.run_ctx(thread_id, Arc::from(uuid::Uuid::new_v4().to_string()), &opts);
         ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id: ctx.run_id.to_string() });
@@ -437,8 +440,24 @@ impl<S: GraphState> Graph<S> {
             return Err(RunError::ForgedResume { thread_id: thread_id.into(), interrupt_id: interrupt.id });
         }
         let ctx = self.run_ctx(thread_id, Arc::from(meta.run_id.as_str()), &opts);
+        if meta.run_step >= ctx.limits.recursion_limit {
+            // Refused before the answer is recorded, so it can still be given under a larger limit.
+            let limit = ctx.limits.recursion_limit;
+            return Err(RunError::RecursionLimit {
+                thread_id: thread_id.into(),
+                limit,
+                next_node: interrupt.node,
+                checkpoint: tip.label(),
+            });
+        }
         ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id: meta.run_id.clone() });
-        let record = ResumeRecord { interrupt_id: interrupt.id, node: interrupt.node, payload: interrupt.payload, answer: resume.answer };
+        let record = ResumeRecord {
+            interrupt_id: interrupt.id,
+            node: interrupt.node,
+            payload: interrupt.payload,
+            answer: resume.answer,
+            delivery: 1,
+        };
         let write = Write {
             source: CheckpointSource::Resume,
             node: None,
@@ -452,18 +471,37 @@ impl<S: GraphState> Graph<S> {
     }
 
     /// Continues an unfinished run from the thread's newest checkpoint (after a crash or a
-    /// cancellation). A finished run completes at once; a paused one reports its interrupt.
+    /// cancellation). A finished run completes at once; a paused one reports its interrupt. An
+    /// answer whose node was interrupted is delivered again with its delivery count raised, so
+    /// the node can tell that its approved action may already have run.
     pub async fn continue_run(&self, thread_id: &str, opts: RunOptions<S::Event>) -> Result<RunOutcome<S>, RunError> {
         let _lock = self.lock(thread_id).await?;
-        let (state, tip) = self.load(thread_id, None).await?;
+        let (mut state, mut tip) = self.load(thread_id, None).await?;
         let run_id = tip.meta.as_ref().map_or_else(|| uuid::Uuid::new_v4().to_string(), |meta| meta.run_id.clone());
         let ctx = self.run_ctx(thread_id, Arc::from(run_id.as_str()), &opts);
         ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id });
+        if let Some(meta) = tip.meta.clone()
+            && let Some(record) = meta.resume
+        {
+            let record = ResumeRecord { delivery: record.delivery.saturating_add(1), ..record };
+            let write = Write {
+                source: CheckpointSource::Resume,
+                node: None,
+                update: S::Update::default(),
+                run_step: meta.run_step,
+                interrupt: None,
+                resume: Some(record),
+            };
+            self.persist(&ctx, &mut state, &mut tip, write).await?;
+        }
         self.drive(&ctx, state, tip).await
     }
 
     /// Time travel: starts a new run from an earlier checkpoint, optionally applying `input`
-    /// first. The new checkpoints branch off that checkpoint; the old branch is kept.
+    /// first. The new checkpoints branch off that checkpoint; the old branch is kept. With new
+    /// input the branch is routed afresh; without, it continues where the origin stood, except
+    /// that an open or answered question is asked again under a new id: an answer given on the
+    /// old branch never counts on the new one.
     pub async fn run_from(
         &self,
         thread_id: &str,
@@ -477,18 +515,20 @@ impl<S: GraphState> Graph<S> {
             tip.meta.clone().ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: Some(checkpoint_id) })?;
         let ctx = self.run_ctx(thread_id, Arc::from(uuid::Uuid::new_v4().to_string()), &opts);
         ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id: ctx.run_id.to_string() });
-        // With new input the branch is routed afresh; without, it continues where the origin stood.
-        let node = if input.is_some() { None } else { origin.node.clone() };
-        let write = Write {
-            source: CheckpointSource::Fork,
-            node,
-            update: input.unwrap_or_default(),
-            run_step: 0,
-            interrupt: origin.interrupt.clone(),
-            resume: origin.resume.clone(),
+        let (node, interrupt) = match (&input, origin.interrupt, origin.resume) {
+            (Some(_), _, _) => (None, None),
+            (None, Some(asked), _) => (origin.node, Some(Self::reask(asked.node, asked.payload))),
+            (None, None, Some(answered)) => (origin.node, Some(Self::reask(answered.node, answered.payload))),
+            (None, None, None) => (origin.node, None),
         };
+        let write = Write { source: CheckpointSource::Fork, node, update: input.unwrap_or_default(), run_step: 0, interrupt, resume: None };
         self.persist(&ctx, &mut state, &mut tip, write).await?;
         self.drive(&ctx, state, tip).await
+    }
+
+    /// A question with the same payload under a fresh id.
+    fn reask(node: String, payload: Value) -> PendingInterrupt {
+        PendingInterrupt { id: uuid::Uuid::new_v4().to_string(), node, digest: payload_digest(&payload), payload }
     }
 
     /// Applies an update outside any run (as if `as_node` had returned it), keeping a pending
@@ -560,7 +600,8 @@ impl<S: GraphState> Graph<S> {
 
     fn run_ctx<'a>(&self, thread_id: &str, run_id: Arc<str>, opts: &'a RunOptions<S::Event>) -> RunCtx<'a, S::Event> {
         let limits = opts.limits.unwrap_or(self.inner.limits);
-        let deadline = limits.max_run_time.map(|budget| Instant::now() + budget);
+        // A budget too large to represent means no deadline.
+        let deadline = limits.max_run_time.and_then(|budget| Instant::now().checked_add(budget));
         RunCtx { thread_id: Arc::from(thread_id), run_id, opts, limits, deadline }
     }
 
@@ -676,7 +717,8 @@ impl<S: GraphState> Graph<S> {
     }
 
     /// Waits for `future` unless the run is cancelled or out of time first. `deadline` is the
-    /// run's one deadline timer, shared by every wait of the run.
+    /// run's one deadline timer, shared by every wait of the run. The work is polled first, so a
+    /// node that finished is kept even when a cancel or the deadline arrived in the same instant.
     async fn guarded<T>(
         ctx: &RunCtx<'_, S::Event>,
         deadline: std::pin::Pin<&mut (impl Future<Output = ()> + ?Sized)>,
@@ -684,9 +726,9 @@ impl<S: GraphState> Graph<S> {
     ) -> Result<T, Interruption> {
         tokio::select! {
             biased;
+            value = future => Ok(value),
             () = ctx.opts.cancel.cancelled() => Err(Interruption::Cancelled),
             () = deadline => Err(Interruption::TimedOut),
-            value = future => Ok(value),
         }
     }
 

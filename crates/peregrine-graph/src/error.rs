@@ -10,9 +10,7 @@ use crate::checkpoint::{CheckpointError, CheckpointId};
 #[non_exhaustive]
 pub enum RunError {
     /// A node failed fatally.
-    #[error(
-        "run aborted by node '{node}' in thread '{thread_id}': {message}. The last checkpoint ({checkpoint}) is kept; fix the cause and start a new turn"
-    )]
+    #[error("run aborted by node '{node}' in thread '{thread_id}': {message}. {checkpoint}; fix the cause and start a new turn")]
     Aborted {
         /// The thread.
         thread_id: String,
@@ -24,9 +22,7 @@ pub enum RunError {
         checkpoint: CheckpointLabel,
     },
     /// The router decided to abort (a FATAL error in state).
-    #[error(
-        "run aborted in thread '{thread_id}': {message}. The last checkpoint ({checkpoint}) is kept; fix the cause and start a new turn"
-    )]
+    #[error("run aborted in thread '{thread_id}': {message}. {checkpoint}; fix the cause and start a new turn")]
     RouterAborted {
         /// The thread.
         thread_id: String,
@@ -37,7 +33,7 @@ pub enum RunError {
     },
     /// Too many node executions in one run.
     #[error(
-        "run stopped in thread '{thread_id}' after {limit} node executions (graph_recursion_limit) before running '{next_node}'; this usually means a loop. The last checkpoint ({checkpoint}) is kept; raise execution_control.limits.graph_recursion_limit if the work really needs more steps"
+        "run stopped in thread '{thread_id}' after {limit} node executions (graph_recursion_limit) before running '{next_node}'; this usually means a loop. {checkpoint}; raise execution_control.limits.graph_recursion_limit if the work really needs more steps"
     )]
     RecursionLimit {
         /// The thread.
@@ -51,7 +47,7 @@ pub enum RunError {
     },
     /// The run took longer than its wall-clock budget.
     #[error(
-        "run stopped in thread '{thread_id}' after exceeding its time budget of {limit:?} (max_execution_time_seconds) while {doing}. The last checkpoint ({checkpoint}) is kept; raise the limit or continue the thread"
+        "run stopped in thread '{thread_id}' after exceeding its time budget of {limit:?} (max_execution_time_seconds) while {doing}. {checkpoint}; raise the limit or continue the thread"
     )]
     TimeLimit {
         /// The thread.
@@ -72,7 +68,7 @@ pub enum RunError {
         known: Vec<String>,
     },
     /// A node panicked.
-    #[error("node '{node}' panicked in thread '{thread_id}': {message}. The last checkpoint ({checkpoint}) is kept")]
+    #[error("node '{node}' panicked in thread '{thread_id}': {message}. {checkpoint}")]
     NodePanicked {
         /// The thread.
         thread_id: String,
@@ -93,6 +89,16 @@ pub enum RunError {
         /// The pending interrupt.
         interrupt_id: String,
         /// The node that asked.
+        node: String,
+    },
+    /// `run` on a thread whose answered interrupt has not been acted on yet.
+    #[error(
+        "thread '{thread_id}' holds an answer for node '{node}' that has not finished running (the run was cancelled or crashed after the answer); finish it with continue_run before starting a new run"
+    )]
+    PendingResume {
+        /// The thread.
+        thread_id: String,
+        /// The node the answer is for.
         node: String,
     },
     /// `resume` on a thread with nothing to answer.
@@ -160,15 +166,15 @@ impl RunError {
     }
 }
 
-/// A checkpoint named in an error message.
+/// What an error message says was kept: the last checkpoint, or nothing without a checkpointer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointLabel(pub Option<CheckpointId>);
 
 impl std::fmt::Display for CheckpointLabel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0 {
-            Some(id) => write!(f, "checkpoint {id}"),
-            None => f.write_str("no checkpointer configured"),
+            Some(id) => write!(f, "The last checkpoint (checkpoint {id}) is kept"),
+            None => f.write_str("Nothing was stored (the graph has no checkpointer)"),
         }
     }
 }

@@ -4,4 +4,4 @@
 
 pub mod scripted;
 
-pub use scripted::{Behaviour, CallLog, ScriptedAgent, ScriptedCapability, ScriptedInfra, fail};
+pub use scripted::{ApprovalLog, Behaviour, CallLog, ScriptedAgent, ScriptedCapability, ScriptedInfra, fail};

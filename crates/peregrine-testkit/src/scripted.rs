@@ -4,10 +4,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use peregrine_agent::{AgentGraphBuilder, InfrastructureNode, RecoveryCounter};
+use peregrine_agent::{AgentGraphBuilder, InfrastructureNode};
 use peregrine_core::{
-    AgentState, AgentStateUpdate, Capability, CapabilityError, CapabilityInput, CapabilityOutcome, CapabilitySpec, ErrorClassification,
-    ExecutionLimits, ExecutionPlan, Message, PlannedStep, Registry, RetryPolicy, Slot,
+    AgentState, AgentStateUpdate, ApprovalAnswer, Capability, CapabilityError, CapabilityInput, CapabilityOutcome, CapabilitySpec,
+    ErrorClassification, ExecutionLimits, ExecutionPlan, Message, PlannedStep, Registry, RetryPolicy, Slot,
 };
 use peregrine_graph::{DynCheckpointer, Graph, NodeContext};
 use tokio::time::Instant;
@@ -41,7 +41,6 @@ impl CallLog {
 pub struct ScriptedInfra {
     name: String,
     policy: RetryPolicy,
-    counter: Option<RecoveryCounter>,
     behaviour: Behaviour,
     calls: CallLog,
 }
@@ -52,24 +51,12 @@ impl ScriptedInfra {
         name: &str,
         behaviour: impl Fn(&AgentState, u32) -> Result<CapabilityOutcome, CapabilityError> + Send + Sync + 'static,
     ) -> Self {
-        Self {
-            name: name.into(),
-            policy: RetryPolicy::infrastructure_default(),
-            counter: None,
-            behaviour: Arc::new(behaviour),
-            calls: CallLog::default(),
-        }
+        Self { name: name.into(), policy: RetryPolicy::infrastructure_default(), behaviour: Arc::new(behaviour), calls: CallLog::default() }
     }
 
     /// Sets the retry policy.
     pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
         self.policy = policy;
-        self
-    }
-
-    /// Counts executions against a recovery budget.
-    pub fn counting(mut self, counter: RecoveryCounter) -> Self {
-        self.counter = Some(counter);
         self
     }
 
@@ -92,10 +79,6 @@ impl InfrastructureNode for ScriptedInfra {
         self.policy
     }
 
-    fn recovery_counter(&self) -> Option<RecoveryCounter> {
-        self.counter
-    }
-
     async fn execute(&self, state: &AgentState, _ctx: &NodeContext<AgentState>) -> Result<CapabilityOutcome, CapabilityError> {
         let call = self.calls.record();
         (self.behaviour)(state, call)
@@ -108,6 +91,22 @@ pub struct ScriptedCapability {
     policy: RetryPolicy,
     behaviour: Behaviour,
     calls: CallLog,
+    approvals: ApprovalLog,
+}
+
+/// The approval answer each call of a scripted capability received (`None`: no answer).
+#[derive(Debug, Clone, Default)]
+pub struct ApprovalLog(Arc<Mutex<Vec<Option<ApprovalAnswer>>>>);
+
+impl ApprovalLog {
+    fn record(&self, answer: Option<&ApprovalAnswer>) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(answer.cloned());
+    }
+
+    /// What each call received, in call order.
+    pub fn received(&self) -> Vec<Option<ApprovalAnswer>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
 }
 
 impl ScriptedCapability {
@@ -120,7 +119,13 @@ impl ScriptedCapability {
             always_active: name == "respond" || name == "clarify",
             ..CapabilitySpec::new(name, format!("scripted {name}"))
         };
-        Self { spec, policy: RetryPolicy::capability_default(), behaviour: Arc::new(behaviour), calls: CallLog::default() }
+        Self {
+            spec,
+            policy: RetryPolicy::capability_default(),
+            behaviour: Arc::new(behaviour),
+            calls: CallLog::default(),
+            approvals: ApprovalLog::default(),
+        }
     }
 
     /// A capability that always succeeds, appending `"<name> done"` as an assistant message.
@@ -139,6 +144,17 @@ impl ScriptedCapability {
     pub fn calls(&self) -> CallLog {
         self.calls.clone()
     }
+
+    /// The approval answers the capability received (shared with the capability).
+    pub fn approvals(&self) -> ApprovalLog {
+        self.approvals.clone()
+    }
+
+    /// Marks the capability as reachable with `/chat:<name>`.
+    pub fn direct_chat(mut self) -> Self {
+        self.spec.direct_chat_enabled = true;
+        self
+    }
 }
 
 impl Capability for ScriptedCapability {
@@ -152,6 +168,7 @@ impl Capability for ScriptedCapability {
 
     async fn execute(&self, input: CapabilityInput<'_>) -> Result<CapabilityOutcome, CapabilityError> {
         let call = self.calls.record();
+        self.approvals.record(input.approval);
         (self.behaviour)(input.state, call)
     }
 }
@@ -220,8 +237,7 @@ impl ScriptedAgent {
                     ..Default::default()
                 }))
             })
-            .with_policy(RetryPolicy::classifier())
-            .counting(RecoveryCounter::Reclassification),
+            .with_policy(RetryPolicy::classifier()),
             orchestrator: ScriptedInfra::new("orchestrator", move |_, _| {
                 Ok(CapabilityOutcome::Done(AgentStateUpdate {
                     execution_plan: Slot::Set(Some(ExecutionPlan { steps: steps.clone() })),
@@ -229,8 +245,7 @@ impl ScriptedAgent {
                     ..Default::default()
                 }))
             })
-            .with_policy(RetryPolicy::orchestrator())
-            .counting(RecoveryCounter::Planning),
+            .with_policy(RetryPolicy::orchestrator()),
             error: ScriptedInfra::new("error", |state, _| {
                 let severity =
                     state.control.error_info.as_ref().map_or("unknown".to_string(), |info| info.classification.severity.to_string());

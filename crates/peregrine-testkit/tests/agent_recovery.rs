@@ -121,8 +121,7 @@ async fn a_failing_orchestrator_counts_its_planning_attempts() {
     let mut agent = ScriptedAgent::planning(&["python"]);
     agent.orchestrator =
         ScriptedInfra::new("orchestrator", |_, _| fail(ErrorClassification::replanning("plan reads an unknown context key")))
-            .with_policy(RetryPolicy::orchestrator())
-            .counting(peregrine_agent::RecoveryCounter::Planning);
+            .with_policy(RetryPolicy::orchestrator());
     let orchestrator_calls = agent.orchestrator.calls();
     let graph = agent.build(None).expect("graph");
     let result = run(&graph, "t").await;

@@ -320,3 +320,118 @@ async fn the_event_stream_reports_nodes_checkpoints_and_domain_events_in_order()
     }
     assert_eq!(kinds, ["started", "node a #1", "finished a at Some(2)", "end after Some(\"a\")"]);
 }
+
+#[tokio::test]
+async fn forks_ask_again_under_a_new_id_so_old_answers_never_count_twice() {
+    for (backend, checkpointer, _dir) in backends().await {
+        let runs = Arc::new(AtomicU32::new(0));
+        let graph = approval_graph(checkpointer, runs.clone());
+        let asked = graph.run("t", TrailUpdate::default(), RunOptions::default()).await.expect(backend);
+        let first = asked.interrupt().cloned().expect("paused");
+        let question_checkpoint = asked_checkpoint(&asked);
+        graph.resume("t", Resume::to(&first, json!(true)), RunOptions::default()).await.expect(backend);
+        let answer_checkpoint = graph
+            .history("t", ListQuery::default())
+            .await
+            .expect(backend)
+            .into_iter()
+            .find(|meta| meta.resume.is_some())
+            .expect("resume recorded");
+
+        for origin in [question_checkpoint, answer_checkpoint.checkpoint_id] {
+            let forked = graph.run_from("t", origin, None, RunOptions::default()).await.expect(backend);
+            let again = forked.interrupt().cloned().unwrap_or_else(|| panic!("{backend}: the fork from {origin} asks again"));
+            assert_ne!(again.id, first.id, "{backend}: a fresh id");
+            assert_eq!(
+                (again.payload.clone(), again.digest.clone()),
+                (first.payload.clone(), first.digest.clone()),
+                "{backend}: the same question"
+            );
+            let replay = graph.resume("t", Resume::to(&first, json!(true)), RunOptions::default()).await;
+            assert!(matches!(replay, Err(RunError::StaleResume { .. })), "{backend}: the used answer is stale on the fork: {replay:?}");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{backend}: the ask and the answered run; a fork re-asks without running the node");
+        let with_input = graph
+            .run_from(
+                "t",
+                question_checkpoint,
+                Some(TrailUpdate { visit: Some("manual".into()), ..TrailUpdate::default() }),
+                RunOptions::default(),
+            )
+            .await
+            .expect(backend);
+        assert!(matches!(with_input, RunOutcome::Completed { .. }), "{backend}: new input routes afresh and drops the question");
+    }
+}
+
+fn asked_checkpoint(outcome: &RunOutcome<Trail>) -> u64 {
+    match outcome {
+        RunOutcome::Interrupted { checkpoint_id, .. } => *checkpoint_id,
+        other => panic!("expected an interrupt, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn payloads_with_any_float_survive_storage_with_their_digest() {
+    for (backend, checkpointer, _dir) in backends().await {
+        let graph: Graph<Trail> = Graph::builder()
+            .node(
+                "approve",
+                node_fn(|_s: Arc<Trail>, info| async move {
+                    match info.resume {
+                        Some(resume) => Ok(NodeOutput::Update(TrailUpdate {
+                            approved: Some(resume.payload),
+                            visit: Some("approve".into()),
+                            ..TrailUpdate::default()
+                        })),
+                        None => Ok(NodeOutput::Interrupt {
+                            payload: json!({"values": [2.017351698988807e285, 10.277846898011259, 0.1 + 0.2, -1.0e-300]}),
+                            update: TrailUpdate::default(),
+                        }),
+                    }
+                }),
+            )
+            .router(|state: &Trail| if state.visited.is_empty() { Route::to("approve") } else { Route::End })
+            .shared_checkpointer(checkpointer)
+            .build()
+            .expect("graph");
+        let asked = graph.run("t", TrailUpdate::default(), RunOptions::default()).await.expect(backend);
+        let interrupt = asked.interrupt().cloned().expect("paused");
+        let done = graph.resume("t", Resume::to(&interrupt, json!(true)), RunOptions::default()).await.expect(backend);
+        assert_eq!(done.state().approved, vec![interrupt.payload.clone()], "{backend}: the exact floats come back");
+    }
+}
+
+#[tokio::test]
+async fn resuming_at_the_recursion_limit_keeps_the_question_open() {
+    for (backend, checkpointer, _dir) in backends().await {
+        let runs = Arc::new(AtomicU32::new(0));
+        let graph = approval_graph(checkpointer, runs.clone());
+        let tight = || RunOptions {
+            limits: Some(peregrine_graph::GraphLimits { recursion_limit: 1, max_run_time: None }),
+            ..RunOptions::default()
+        };
+        let interrupt = graph.run("t", TrailUpdate::default(), tight()).await.expect(backend).interrupt().cloned().expect("paused");
+        let refused = graph.resume("t", Resume::to(&interrupt, json!(true)), tight()).await;
+        assert!(matches!(refused, Err(RunError::RecursionLimit { .. })), "{backend}: {refused:?}");
+        let done = graph.resume("t", Resume::to(&interrupt, json!(true)), RunOptions::default()).await.expect("the answer still counts");
+        assert!(matches!(done, RunOutcome::Completed { .. }));
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
+}
+
+#[tokio::test]
+async fn huge_time_budgets_mean_no_deadline_and_errors_say_what_was_kept() {
+    let graph: Graph<Trail> = Graph::builder()
+        .node("fatal", node_fn(|_s: Arc<Trail>, _i| async move { Err(NodeError::fatal("interlock tripped")) }))
+        .router(|_state: &Trail| Route::to("fatal"))
+        .build()
+        .expect("graph");
+    let options = RunOptions {
+        limits: Some(peregrine_graph::GraphLimits { recursion_limit: 10, max_run_time: Some(std::time::Duration::MAX) }),
+        ..RunOptions::default()
+    };
+    let error = graph.run("t", TrailUpdate::default(), options).await.expect_err("fatal");
+    let message = error.to_string();
+    assert!(message.contains("Nothing was stored (the graph has no checkpointer)"), "{message}");
+}

@@ -10,7 +10,10 @@
 //!   newest checkpoint's time (for `threads()` ordering). `put` bumps this row with
 //!   `INSERT … ON CONFLICT DO UPDATE … RETURNING`, which both assigns the next id and serialises
 //!   writers of the same thread until commit, so ids are gapless under concurrent writers, even
-//!   across server instances.
+//!   across server instances. The counter always equals the thread's highest stored id (`put`
+//!   bumps it and inserts in one transaction, `delete_thread` removes both, `copy_thread` copies
+//!   both), so the value before the bump is the newest checkpoint: a non-fork write naming any
+//!   other parent is refused there with `Conflict`, under the same row lock.
 //! - `peregrine_schema_version`: the schema version; a newer one than this build knows is refused.
 //!
 //! Thread locks are session-level advisory locks (`pg_try_advisory_lock`) held on a connection
@@ -30,7 +33,8 @@ use std::time::Duration;
 use chrono::SecondsFormat;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use peregrine_graph::{
-    CheckpointError, CheckpointId, CheckpointMeta, Checkpointer, ListQuery, LoadedCheckpoint, NewCheckpoint, ThreadLock, ThreadSummary,
+    CheckpointError, CheckpointId, CheckpointMeta, CheckpointSource, Checkpointer, ListQuery, LoadedCheckpoint, NewCheckpoint, ThreadLock,
+    ThreadSummary,
 };
 use tokio_postgres::NoTls;
 
@@ -88,6 +92,9 @@ VALUES ($1::text, 1, 1, $2::text::timestamptz)
 ON CONFLICT (thread_id) DO UPDATE
 SET last_checkpoint_id = t.last_checkpoint_id + 1, checkpoints = t.checkpoints + 1, updated_at = EXCLUDED.updated_at
 RETURNING last_checkpoint_id";
+
+const CHECKPOINT_EXISTS_SQL: &str =
+    "SELECT EXISTS (SELECT 1 FROM peregrine_checkpoints WHERE thread_id = $1::text AND checkpoint_id = $2::bigint)";
 
 const INSERT_CHECKPOINT_SQL: &str = "
 INSERT INTO peregrine_checkpoints (thread_id, checkpoint_id, parent_id, meta, delta, snapshot, created_at)
@@ -325,6 +332,23 @@ impl Checkpointer for PostgresCheckpointer {
         let bump = tx.prepare_cached(BUMP_THREAD_SQL).await.map_err(backend(OPERATION))?;
         let id: i64 = tx.query_one(&bump, &[&thread_id, &created_at]).await.and_then(|row| row.try_get(0)).map_err(backend(OPERATION))?;
         let checkpoint_id = from_db_id(thread_id, id)?;
+        // The counter row stays locked until commit and held the highest id before the bump; an
+        // id of 1 means the bump created it for an empty thread.
+        let latest = (checkpoint_id > 1).then(|| checkpoint_id - 1);
+        if checkpoint.source != CheckpointSource::Fork && checkpoint.parent_id != latest {
+            if let (Some(parent), Some(db_parent)) = (checkpoint.parent_id, parent_id) {
+                // A parent that does not exist at all is reported as such, as for forks.
+                let exists = tx.prepare_cached(CHECKPOINT_EXISTS_SQL).await.map_err(backend(OPERATION))?;
+                let exists: bool =
+                    tx.query_one(&exists, &[&thread_id, &db_parent]).await.and_then(|row| row.try_get(0)).map_err(backend(OPERATION))?;
+                if !exists {
+                    tx.rollback().await.map_err(backend(OPERATION))?;
+                    return Err(unknown_parent(parent));
+                }
+            }
+            tx.rollback().await.map_err(backend(OPERATION))?;
+            return Err(CheckpointError::Conflict { thread_id: thread_id.to_owned(), expected: checkpoint.parent_id, latest });
+        }
         let meta = checkpoint.meta(checkpoint_id);
         let meta_json = serde_json::to_string(&meta).map_err(|e| CheckpointError::backend(BACKEND, "serialize checkpoint metadata", e))?;
         let insert = tx.prepare_cached(INSERT_CHECKPOINT_SQL).await.map_err(backend(OPERATION))?;
