@@ -120,6 +120,12 @@ pub enum EventKind {
     },
     /// An LLM call is about to be made.
     LlmRequest {
+        /// The model role (`orchestrator`, `classifier`, …).
+        #[serde(default)]
+        role: String,
+        /// The structured-output schema name, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        schema: Option<String>,
         /// The first 200 characters of the prompt.
         prompt_preview: String,
         /// Prompt length in characters.
@@ -131,6 +137,12 @@ pub enum EventKind {
     },
     /// An LLM call returned.
     LlmResponse {
+        /// The model role.
+        #[serde(default)]
+        role: String,
+        /// Whether the call succeeded.
+        #[serde(default)]
+        success: bool,
         /// The first 200 characters of the response.
         response_preview: String,
         /// Response length in characters.
@@ -141,6 +153,13 @@ pub enum EventKind {
         output_tokens: Option<u64>,
         /// How long it took.
         duration_ms: u64,
+    },
+    /// A piece of a streamed LLM answer.
+    LlmToken {
+        /// The model role that is answering.
+        role: String,
+        /// The text.
+        content: String,
     },
     /// The run paused for a human decision.
     ApprovalRequired {

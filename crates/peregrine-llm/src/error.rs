@@ -1,0 +1,172 @@
+//! LLM failures classified by what the caller should do next: retry with backoff, fix the
+//! configuration, shorten the prompt, or feed a validation error back to the model.
+
+use std::time::Duration;
+
+use peregrine_core::{ErrorClassification, ErrorSeverity};
+
+/// What went wrong, from the caller's point of view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LlmErrorKind {
+    /// The server could not be reached.
+    Connect,
+    /// No answer within the timeout.
+    Timeout,
+    /// 429: too many requests; wait `retry_after` if given.
+    RateLimited,
+    /// 5xx from the provider.
+    Server {
+        /// HTTP status.
+        status: u16,
+    },
+    /// 401/403: the credentials are wrong or lack permission.
+    Auth {
+        /// HTTP status.
+        status: u16,
+    },
+    /// The model id is unknown to the provider.
+    InvalidModel,
+    /// The prompt does not fit the model's context window.
+    ContextLength,
+    /// A stream ended before it was complete.
+    StreamCut,
+    /// The answer could not be parsed or did not validate against the expected type.
+    InvalidOutput,
+    /// Any other 4xx: the request itself is wrong.
+    BadRequest {
+        /// HTTP status.
+        status: u16,
+    },
+    /// The provider answered with something that is not its protocol (e.g. not JSON).
+    Protocol,
+    /// Configuration is missing or wrong (no model for a role, no API key, …).
+    Config,
+}
+
+/// The recovery an [`LlmError`] calls for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultClass {
+    /// Transient: retry after a backoff.
+    Retriable,
+    /// The prompt is too long: shorten it (history, context) and try again.
+    ContextOverflow,
+    /// Nothing changes by retrying: fix configuration or code.
+    Critical,
+}
+
+/// A failed LLM call, with where it happened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{role_part}{provider} model '{model}': {message}", role_part = role.as_deref().map(|r| format!("LLM role '{r}' via ")).unwrap_or_default())]
+pub struct LlmError {
+    /// The kind of failure.
+    pub kind: LlmErrorKind,
+    /// The provider's config name.
+    pub provider: String,
+    /// The model id.
+    pub model: String,
+    /// The model role (`orchestrator`, `classifier`, …), when known.
+    pub role: Option<String>,
+    /// What happened and what to do.
+    pub message: String,
+    /// How long the provider asked us to wait (429 `Retry-After`).
+    pub retry_after: Option<Duration>,
+}
+
+impl LlmError {
+    /// An error of `kind` at `provider`/`model`.
+    pub fn new(kind: LlmErrorKind, provider: impl Into<String>, model: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { kind, provider: provider.into(), model: model.into(), role: None, message: message.into(), retry_after: None }
+    }
+
+    /// Names the role the call was made for.
+    pub fn with_role(mut self, role: impl Into<String>) -> Self {
+        self.role = Some(role.into());
+        self
+    }
+
+    /// Sets the provider's requested wait.
+    pub fn with_retry_after(mut self, retry_after: Option<Duration>) -> Self {
+        self.retry_after = retry_after;
+        self
+    }
+
+    /// The recovery this error calls for.
+    pub fn class(&self) -> FaultClass {
+        match self.kind {
+            LlmErrorKind::Connect
+            | LlmErrorKind::Timeout
+            | LlmErrorKind::RateLimited
+            | LlmErrorKind::Server { .. }
+            | LlmErrorKind::StreamCut
+            | LlmErrorKind::InvalidOutput
+            | LlmErrorKind::Protocol => FaultClass::Retriable,
+            LlmErrorKind::ContextLength => FaultClass::ContextOverflow,
+            LlmErrorKind::Auth { .. } | LlmErrorKind::InvalidModel | LlmErrorKind::BadRequest { .. } | LlmErrorKind::Config => {
+                FaultClass::Critical
+            }
+        }
+    }
+
+    /// Whether the transport should retry it (output problems are retried by the structured
+    /// layer with the validation error fed back instead).
+    pub fn is_transient(&self) -> bool {
+        self.class() == FaultClass::Retriable && self.kind != LlmErrorKind::InvalidOutput
+    }
+
+    /// The classification a node reports: RETRIABLE for transient faults and invalid output,
+    /// CRITICAL for configuration faults; a context overflow is RETRIABLE (the next attempt
+    /// may shorten the prompt) with its own `replanning_reason`.
+    pub fn classification(&self) -> ErrorClassification {
+        let severity = match self.class() {
+            FaultClass::Retriable | FaultClass::ContextOverflow => ErrorSeverity::Retriable,
+            FaultClass::Critical => ErrorSeverity::Critical,
+        };
+        let mut classification =
+            ErrorClassification::new(severity, self.to_string()).with_metadata("technical_details", format!("{:?}", self.kind));
+        if self.class() == FaultClass::ContextOverflow {
+            classification = classification.with_metadata("replanning_reason", "the prompt exceeded the model's context window");
+        }
+        classification
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_follow_the_callers_next_action() {
+        let table = [
+            (LlmErrorKind::Connect, FaultClass::Retriable),
+            (LlmErrorKind::Timeout, FaultClass::Retriable),
+            (LlmErrorKind::RateLimited, FaultClass::Retriable),
+            (LlmErrorKind::Server { status: 503 }, FaultClass::Retriable),
+            (LlmErrorKind::StreamCut, FaultClass::Retriable),
+            (LlmErrorKind::InvalidOutput, FaultClass::Retriable),
+            (LlmErrorKind::Auth { status: 401 }, FaultClass::Critical),
+            (LlmErrorKind::InvalidModel, FaultClass::Critical),
+            (LlmErrorKind::Config, FaultClass::Critical),
+            (LlmErrorKind::ContextLength, FaultClass::ContextOverflow),
+        ];
+        for (kind, class) in table {
+            assert_eq!(LlmError::new(kind.clone(), "openai", "gpt", "x").class(), class, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn messages_name_role_provider_and_model() {
+        let error = LlmError::new(
+            LlmErrorKind::Auth { status: 401 },
+            "cborg",
+            "gpt-4o",
+            "the API key was refused; set api.providers.cborg.api_key",
+        )
+        .with_role("orchestrator");
+        assert_eq!(
+            error.to_string(),
+            "LLM role 'orchestrator' via cborg model 'gpt-4o': the API key was refused; set api.providers.cborg.api_key"
+        );
+        assert_eq!(error.classification().severity, ErrorSeverity::Critical);
+    }
+}
