@@ -70,6 +70,15 @@ struct CallRecorder {
 
 const USAGE_LOG_CAPACITY: usize = 10_000;
 
+/// What a finished call reports to [`LlmClient::account`].
+struct Finished<'a> {
+    provider: &'a str,
+    request: &'a ChatRequest,
+    schema: Option<&'a ResponseSchema>,
+    latency: Duration,
+    attempts: u32,
+}
+
 /// The LLM entry point for nodes.
 pub struct LlmClient {
     config: LlmConfig,
@@ -219,30 +228,49 @@ impl LlmClient {
         .with_role(role))
     }
 
-    /// A completion streamed as `LlmToken` events to `options.events`; returns the whole answer.
+    /// A completion streamed as `LlmToken` events to `options.events`; returns the whole answer
+    /// (accounted and recorded like any other call).
     pub async fn complete_streaming(
         &self,
         role: &str,
         messages: Vec<ChatMessage>,
         options: CallOptions<'_>,
     ) -> Result<ChatResponse, LlmError> {
-        let mut stream = self.stream(role, messages, options).await?;
+        let started = Instant::now();
+        let (mut stream, provider, request, attempts) = self.open_stream(role, messages, options).await?;
         let component = options.component.unwrap_or(role);
-        while let Some(event) = stream.next().await {
-            match event.map_err(|error| error.with_role(role))? {
-                StreamEvent::Token(content) => {
+        let result = loop {
+            match stream.next().await {
+                Some(Ok(StreamEvent::Token(content))) => {
                     if let Some(events) = options.events {
                         events.emit(AgentEvent::new(component, EventKind::LlmToken { role: role.into(), content }));
                     }
                 }
-                StreamEvent::Done(response) => return Ok(response),
+                Some(Ok(StreamEvent::Done(response))) => break Ok(response),
+                Some(Err(error)) => break Err(error.with_role(role)),
+                None => {
+                    let message = "the stream ended without a final answer";
+                    break Err(LlmError::new(LlmErrorKind::StreamCut, &provider, &request.model, message).with_role(role));
+                }
             }
-        }
-        Err(LlmError::new(LlmErrorKind::StreamCut, "-", "-", "the stream ended without a final answer").with_role(role))
+        };
+        let finished = Finished { provider: &provider, request: &request, schema: None, latency: started.elapsed(), attempts };
+        self.account(role, finished, &result, options);
+        result
     }
 
     /// The raw token stream for `role` (transient faults before the stream opens are retried).
+    /// Not accounted: the caller sees the usage in the final `Done` event.
     pub async fn stream(&self, role: &str, messages: Vec<ChatMessage>, options: CallOptions<'_>) -> Result<EventStream, LlmError> {
+        Ok(self.open_stream(role, messages, options).await?.0)
+    }
+
+    async fn open_stream(
+        &self,
+        role: &str,
+        messages: Vec<ChatMessage>,
+        options: CallOptions<'_>,
+    ) -> Result<(EventStream, String, ChatRequest, u32), LlmError> {
         let (resolved, provider) = self.resolve(role)?;
         let request = Self::request(&resolved, messages);
         self.emit_request(role, provider.name(), &request, None, options);
@@ -250,7 +278,7 @@ impl LlmClient {
         let mut attempt = 1;
         loop {
             match provider.stream_boxed(request.clone()).await {
-                Ok(stream) => return Ok(stream),
+                Ok(stream) => return Ok((stream, provider.name().to_owned(), request, attempt)),
                 Err(error) if error.is_transient() && attempt <= retries => {
                     tokio::time::sleep(transport_backoff(attempt, error.retry_after)).await;
                     attempt += 1;
@@ -292,25 +320,30 @@ impl LlmClient {
                 other => break other.map_err(|error| error.with_role(role)),
             }
         };
-        let latency = started.elapsed();
+        let finished = Finished { provider: provider.name(), request: &request, schema, latency: started.elapsed(), attempts: attempt };
+        self.account(role, finished, &result, options);
+        result
+    }
+
+    /// Usage record, response event and call record of a finished call.
+    fn account(&self, role: &str, finished: Finished<'_>, result: &Result<ChatResponse, LlmError>, options: CallOptions<'_>) {
         let record = UsageRecord {
             role: role.into(),
-            provider: provider.name().into(),
-            model: request.model.clone(),
-            schema: schema.map(|schema| schema.name.clone()),
+            provider: finished.provider.into(),
+            model: finished.request.model.clone(),
+            schema: finished.schema.map(|schema| schema.name.clone()),
             usage: result.as_ref().map(|response| response.usage).unwrap_or_default(),
-            latency,
-            attempts: attempt,
+            latency: finished.latency,
+            attempts: finished.attempts,
             success: result.is_ok(),
         };
-        self.emit_response(role, &result, &record, options);
-        self.record(&request, &result, &record);
+        self.emit_response(role, result, &record, options);
+        self.record(finished.request, result, &record);
         let mut usage = self.usage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if usage.len() >= USAGE_LOG_CAPACITY {
             usage.remove(0);
         }
         usage.push(record);
-        result
     }
 
     fn emit_request(&self, role: &str, provider: &str, request: &ChatRequest, schema: Option<&ResponseSchema>, options: CallOptions<'_>) {

@@ -10,6 +10,7 @@ pub mod anthropic;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod factory;
 pub mod http;
 #[cfg(feature = "local")]
 pub mod local;
@@ -23,6 +24,7 @@ pub use anthropic::AnthropicProvider;
 pub use client::{CallOptions, LlmClient, UsageRecord};
 pub use config::{LlmConfig, ModelConfig, ProviderConfig, Secret, roles};
 pub use error::{FaultClass, LlmError, LlmErrorKind};
+pub use factory::{build_provider, default_protocol};
 #[cfg(feature = "local")]
 pub use local::LocalProvider;
 pub use ollama::OllamaProvider;
