@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: starts what the tests need (a throwaway PostgreSQL server), then runs
-# formatting, lint and the whole test suite. Used by `.ci/run` and by developers alike.
+# The test command: installs and starts what the tests need (a throwaway PostgreSQL server,
+# cmake + libclang for llama.cpp, the embedded model), then runs formatting, lint and the whole
+# test suite. Used by `.ci/run` and by developers alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,11 +15,20 @@ echo "== PostgreSQL for the checkpoint tests"
 eval "$(bash scripts/postgres.sh start "$state_dir")"
 echo "using ${PEREGRINE_TEST_POSTGRES_URL}"
 
+echo "== build tools and the embedded model"
+bash scripts/install-build-deps.sh
+PEREGRINE_LOCAL_MODEL="$(bash scripts/fetch-model.sh)"
+export PEREGRINE_LOCAL_MODEL
+echo "model: ${PEREGRINE_LOCAL_MODEL}"
+
+# Everything is built with the embedded model (llama.cpp) so its tests and the main job run too.
+features="peregrine-llm/local,peregrine-testkit/local,peregrine-cli/local"
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
 echo "== cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked --features "$features" -- -D warnings
 
 echo "== cargo test"
-cargo test --workspace --locked
+cargo test --workspace --locked --features "$features"

@@ -1,6 +1,7 @@
-//! The demo agent: the real framework (gateway-less turn, router, wrappers, durable SQLite
-//! checkpoints, events) with rule-based infrastructure nodes instead of LLM calls, so the main
-//! job runs offline before the LLM layer exists.
+//! The demo agent: the real framework (router, wrappers, durable SQLite checkpoints, events)
+//! with rule-based task extraction, classification and planning (until the LLM-backed nodes
+//! land) and a respond capability that answers through the LLM layer's `response` role when a
+//! model is configured — the embedded local model by default in the main job.
 
 use peregrine_agent::{AgentGraphBuilder, InfrastructureNode};
 use peregrine_core::plan::{CLARIFY, RESPOND};
@@ -10,6 +11,7 @@ use peregrine_core::{
     ExecutionPlan, Message, PlannedStep, Registry, RetryPolicy, Slot,
 };
 use peregrine_graph::{DynCheckpointer, Graph, NodeContext};
+use peregrine_llm::{CallOptions, ChatMessage, LlmClient, roles};
 use std::sync::Arc;
 
 /// Task extraction without an LLM: the task is the latest user message.
@@ -115,23 +117,46 @@ impl InfrastructureNode for ErrorReport {
     }
 }
 
-/// Respond without an LLM: says what the framework did.
-struct DemoRespond(CapabilitySpec);
+/// Respond: with a model for the `response` role, the answer is generated (streamed as token
+/// events); without one, it says what the framework did.
+struct DemoRespond {
+    spec: CapabilitySpec,
+    llm: Option<Arc<LlmClient>>,
+}
 
 impl Capability for DemoRespond {
     fn spec(&self) -> &CapabilitySpec {
-        &self.0
+        &self.spec
     }
+
+    fn classify_error(&self, error: &CapabilityError) -> peregrine_core::ErrorClassification {
+        error.default_classification()
+    }
+
     async fn execute(&self, input: CapabilityInput<'_>) -> Result<CapabilityOutcome, CapabilityError> {
         let state = input.state;
-        let turns = state.messages.iter().filter(|message| message.role == peregrine_core::Role::User).count();
-        let text = format!(
-            "Task: {}\nCapabilities selected: {}\nThis is turn {turns} of this thread; every step was checkpointed. \
-             No language model is configured yet, so this answer comes from the built-in demo responder.",
-            state.task.current_task.as_deref().unwrap_or_default(),
-            state.planning.active_capabilities.join(", "),
-        );
-        Ok(CapabilityOutcome::Done(AgentStateUpdate::message(Message::assistant(text))))
+        let task = state.task.current_task.as_deref().unwrap_or_default();
+        let Some(llm) = &self.llm else {
+            let turns = state.messages.iter().filter(|message| message.role == peregrine_core::Role::User).count();
+            let text = format!(
+                "Task: {task}\nCapabilities selected: {}\nThis is turn {turns} of this thread; every step was checkpointed. \
+                 No language model is configured, so this answer comes from the built-in demo responder.",
+                state.planning.active_capabilities.join(", "),
+            );
+            return Ok(CapabilityOutcome::Done(AgentStateUpdate::message(Message::assistant(text))));
+        };
+        let messages = vec![
+            ChatMessage::system(
+                "You are a control-room assistant for a particle accelerator. Answer briefly and plainly; never invent measured values.",
+            ),
+            ChatMessage::user(task),
+        ];
+        let options = CallOptions { events: Some(input.events), component: Some(RESPOND) };
+        let response = llm.complete_streaming(roles::RESPONSE, messages, options).await.map_err(|error| {
+            let classification = error.classification();
+            CapabilityError::from_error(error).classified(classification)
+        })?;
+        Ok(CapabilityOutcome::Done(AgentStateUpdate::message(Message::assistant(response.content.trim()))))
     }
 }
 
@@ -149,14 +174,16 @@ impl Capability for DemoClarify {
     }
 }
 
-/// Assembles the demo agent over `checkpointer`.
-pub fn graph(checkpointer: Arc<dyn DynCheckpointer>, limits: ExecutionLimits) -> anyhow::Result<Graph<AgentState>> {
+/// Assembles the demo agent over `checkpointer`; `llm`, when given, answers the `response` role.
+pub fn graph(
+    checkpointer: Arc<dyn DynCheckpointer>,
+    limits: ExecutionLimits,
+    llm: Option<Arc<LlmClient>>,
+) -> anyhow::Result<Graph<AgentState>> {
     let mut registry = Registry::new();
-    registry.register(DemoRespond(CapabilitySpec {
-        always_active: true,
-        provides: vec!["FINAL_RESPONSE".into()],
-        ..CapabilitySpec::new(RESPOND, "Answer the user")
-    }))?;
+    let spec =
+        CapabilitySpec { always_active: true, provides: vec!["FINAL_RESPONSE".into()], ..CapabilitySpec::new(RESPOND, "Answer the user") };
+    registry.register(DemoRespond { spec, llm })?;
     registry.register(DemoClarify(CapabilitySpec {
         always_active: true,
         ..CapabilitySpec::new(CLARIFY, "Ask the user for missing details")

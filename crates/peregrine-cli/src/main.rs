@@ -13,6 +13,7 @@ use peregrine_checkpoint::SqliteCheckpointer;
 use peregrine_core::events::EventKind;
 use peregrine_core::{AgentState, AgentStateUpdate, ExecutionLimits, TurnStart};
 use peregrine_graph::{DynCheckpointer, Graph, ListQuery, RunEvent, RunOptions, RunOutcome};
+use peregrine_llm::{LlmClient, LlmConfig, ModelConfig, ProviderConfig, roles};
 
 #[derive(Parser)]
 #[command(name = "peregrine", version, about = "Router-controlled domain agents with durable execution")]
@@ -33,6 +34,13 @@ enum Command {
         /// The conversation thread.
         #[arg(long, default_value = "main")]
         thread: String,
+        /// A GGUF model file for the embedded model (`scripts/fetch-model.sh` prints one);
+        /// without it the demo responder answers without a model.
+        #[arg(long, env = "PEREGRINE_LOCAL_MODEL")]
+        model: Option<PathBuf>,
+        /// Output token cap of the answer.
+        #[arg(long, default_value_t = 160)]
+        max_tokens: u32,
     },
     /// Measures graph-step overhead, durable steps, interrupts and state reads; writes
     /// `<out>.json` and `<out>.md`. Build with --release for meaningful numbers.
@@ -61,7 +69,7 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run { message, thread } => run_turn(&cli.db, &thread, &message).await,
+        Command::Run { message, thread, model, max_tokens } => run_turn(&cli.db, &thread, &message, model.as_deref(), max_tokens).await,
         Command::Threads { thread, delete } => threads(&cli.db, thread.as_deref(), delete).await,
         Command::Bench { out, repeats, quick } => bench::run(&bench::BenchOptions { out, repeats, quick }).await.map(drop),
     }
@@ -72,22 +80,50 @@ async fn open_store(db: &std::path::Path) -> anyhow::Result<Arc<dyn DynCheckpoin
     Ok(Arc::new(store))
 }
 
-async fn run_turn(db: &std::path::Path, thread: &str, message: &str) -> anyhow::Result<()> {
-    let graph: Graph<AgentState> = demo::graph(open_store(db).await?, ExecutionLimits::default())?;
+/// The LLM client of the main job: the embedded model answers the `response` role.
+fn local_llm(model: &std::path::Path, max_tokens: u32) -> anyhow::Result<Arc<LlmClient>> {
+    let mut config = LlmConfig::default();
+    let provider = ProviderConfig { model_path: Some(model.display().to_string()), ..ProviderConfig::default() };
+    config.providers.insert("local".into(), provider);
+    let response = ModelConfig {
+        provider: "local".into(),
+        model_id: "smollm2-135m-instruct".into(),
+        max_tokens: Some(max_tokens),
+        temperature: Some(0.0),
+    };
+    config.models.insert(roles::RESPONSE.into(), response);
+    Ok(Arc::new(LlmClient::from_config(config)?))
+}
+
+async fn run_turn(
+    db: &std::path::Path,
+    thread: &str,
+    message: &str,
+    model: Option<&std::path::Path>,
+    max_tokens: u32,
+) -> anyhow::Result<()> {
+    let llm = model.map(|model| local_llm(model, max_tokens)).transpose()?;
+    let graph: Graph<AgentState> = demo::graph(open_store(db).await?, ExecutionLimits::default(), llm)?;
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
     let input = AgentStateUpdate::new_turn(TurnStart::new(message, Default::default()));
     let printer = tokio::spawn(async move {
+        let mut streamed = false;
         while let Some(event) = receiver.recv().await {
-            render(&event);
+            streamed |= render(&event);
         }
+        streamed
     });
     let outcome = graph.run(thread, input, RunOptions::with_events(sender)).await;
-    printer.await.context("event printer")?;
+    let streamed = printer.await.context("event printer")?;
     match outcome? {
         RunOutcome::Completed { state, checkpoint_id, .. } => {
-            let answer = state.messages.last().map(|message| message.content.as_str()).unwrap_or_default();
-            println!("\n{answer}\n");
-            println!("(thread '{thread}', checkpoint {}, stored in {})", checkpoint_id.unwrap_or_default(), db.display());
+            if streamed {
+                println!();
+            } else {
+                let answer = state.messages.last().map(|message| message.content.as_str()).unwrap_or_default();
+                println!("\n{answer}\n");
+            }
+            println!("\n(thread '{thread}', checkpoint {}, stored in {})", checkpoint_id.unwrap_or_default(), db.display());
         }
         RunOutcome::Interrupted { interrupt, .. } => println!("waiting for approval: {}", interrupt.payload),
         RunOutcome::Cancelled { .. } => println!("cancelled; the last checkpoint is kept"),
@@ -95,17 +131,26 @@ async fn run_turn(db: &std::path::Path, thread: &str, message: &str) -> anyhow::
     Ok(())
 }
 
-fn render(event: &RunEvent<peregrine_core::AgentEvent>) {
+/// Prints one event; returns whether it was a streamed answer token (printed to stdout).
+fn render(event: &RunEvent<peregrine_core::AgentEvent>) -> bool {
     match event {
         RunEvent::NodeStarted { node, step } => eprintln!("  [{step:>3}] {node}"),
         RunEvent::Waiting { node, delay } => eprintln!("        retrying {node} in {delay:?}"),
         RunEvent::Custom(event) => match &event.kind {
             EventKind::Status { message, .. } => eprintln!("        {}: {message}", event.component),
             EventKind::Error { error_message, .. } => eprintln!("        error in {}: {error_message}", event.component),
+            EventKind::LlmToken { content, .. } => {
+                use std::io::Write as _;
+                print!("{content}");
+                // A failed flush only delays the text; the whole answer is stored regardless.
+                let _ = std::io::stdout().flush();
+                return true;
+            }
             _ => {}
         },
         _ => {}
     }
+    false
 }
 
 async fn threads(db: &std::path::Path, thread: Option<&str>, delete: bool) -> anyhow::Result<()> {

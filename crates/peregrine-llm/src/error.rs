@@ -56,8 +56,7 @@ pub enum FaultClass {
 }
 
 /// A failed LLM call, with where it happened.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{role_part}{provider} model '{model}': {message}", role_part = role.as_deref().map(|r| format!("LLM role '{r}' via ")).unwrap_or_default())]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LlmError {
     /// The kind of failure.
     pub kind: LlmErrorKind,
@@ -72,6 +71,21 @@ pub struct LlmError {
     /// How long the provider asked us to wait (429 `Retry-After`).
     pub retry_after: Option<Duration>,
 }
+
+impl std::fmt::Display for LlmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(role) = &self.role {
+            write!(f, "LLM role '{role}' via ")?;
+        }
+        match (self.provider.as_str(), self.model.as_str()) {
+            ("-", _) => write!(f, "LLM: {}", self.message),
+            (provider, "-") => write!(f, "provider '{provider}': {}", self.message),
+            (provider, model) => write!(f, "{provider} model '{model}': {}", self.message),
+        }
+    }
+}
+
+impl std::error::Error for LlmError {}
 
 impl LlmError {
     /// An error of `kind` at `provider`/`model`.
