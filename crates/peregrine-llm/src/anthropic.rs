@@ -53,22 +53,13 @@ impl AnthropicProvider {
 
     async fn send(&self, request: &ChatRequest, stream: bool) -> Result<reqwest::Response, LlmError> {
         let url = self.url();
-        let response = self
+        let builder = self
             .http
             .post(&url)
             .header("x-api-key", self.api_key.expose())
             .header("anthropic-version", API_VERSION)
-            .json(&body(request, stream))
-            .send()
-            .await
-            .map_err(|error| http::transport_error(&self.name, &request.model, &url, &error))?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(response);
-        }
-        let headers = response.headers().clone();
-        let body = response.text().await.unwrap_or_default();
-        Err(http::status_error(&self.name, &request.model, status, &headers, &body))
+            .json(&body(request, stream));
+        http::send(builder, &self.name, &request.model, &url).await
     }
 
     fn protocol_error(&self, model: &str, what: impl std::fmt::Display) -> LlmError {

@@ -20,8 +20,8 @@ use serde::de::DeserializeOwned;
 use crate::config::{LlmConfig, ResolvedModel};
 use crate::error::{LlmError, LlmErrorKind};
 use crate::provider::{DynLlmProvider, EventStream, LlmProvider};
-use crate::structured::{parse, schema_for, schema_prompt};
-use crate::types::{ChatMessage, ChatRequest, ChatResponse, ChatRole, ResponseSchema, StreamEvent, ToolSpec, Usage};
+use crate::structured::{append_to_last_user, parse, schema_for, schema_prompt};
+use crate::types::{ChatMessage, ChatRequest, ChatResponse, ResponseSchema, StreamEvent, ToolSpec, Usage};
 
 /// Per-call options.
 #[derive(Default, Clone, Copy)]
@@ -405,16 +405,6 @@ impl LlmClient {
         if let Err(error) = std::fs::write(&path, serde_json::to_vec_pretty(&entry).unwrap_or_default()) {
             tracing::warn!(path = %path.display(), %error, "could not record an LLM call");
         }
-    }
-}
-
-fn append_to_last_user(messages: &mut Vec<ChatMessage>, text: &str) {
-    match messages.iter_mut().rev().find(|message| message.role == ChatRole::User) {
-        Some(message) => {
-            message.content.push_str("\n\n");
-            message.content.push_str(text);
-        }
-        None => messages.push(ChatMessage::user(text)),
     }
 }
 

@@ -22,6 +22,19 @@ pub fn client(timeout: Duration) -> Result<reqwest::Client, LlmError> {
         .map_err(|error| LlmError::new(LlmErrorKind::Config, "-", "-", format!("cannot build the HTTP client: {error}")))
 }
 
+/// Sends a prepared request and turns transport failures and error statuses into
+/// [`LlmError`]s; returns the response of a 2xx.
+pub async fn send(builder: reqwest::RequestBuilder, provider: &str, model: &str, url: &str) -> Result<reqwest::Response, LlmError> {
+    let response = builder.send().await.map_err(|error| transport_error(provider, model, url, &error))?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let headers = response.headers().clone();
+    let body = response.text().await.unwrap_or_default();
+    Err(status_error(provider, model, status, &headers, &body))
+}
+
 /// A transport failure (no HTTP status).
 pub fn transport_error(provider: &str, model: &str, url: &str, error: &reqwest::Error) -> LlmError {
     let (kind, message) = if error.is_timeout() {

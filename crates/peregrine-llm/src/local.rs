@@ -23,7 +23,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use crate::config::ProviderConfig;
 use crate::error::{LlmError, LlmErrorKind};
 use crate::provider::{EventStream, LlmProvider};
-use crate::structured::schema_prompt;
+use crate::structured::{append_to_last_user, schema_prompt};
 use crate::types::{ChatMessage, ChatRequest, ChatResponse, ChatRole, ProviderFeatures, ResponseSchema, StreamEvent, Usage};
 
 /// The environment variable that sets the CPU threads per request (default 1: on a busy
@@ -426,16 +426,6 @@ fn sampler(grammar: Option<LlamaSampler>, temperature: Option<f32>) -> LlamaSamp
         None => samplers.push(LlamaSampler::greedy()),
     }
     LlamaSampler::chain_simple(samplers)
-}
-
-fn append_to_last_user(messages: &mut Vec<ChatMessage>, text: &str) {
-    match messages.iter_mut().rev().find(|message| message.role == ChatRole::User) {
-        Some(message) => {
-            message.content.push_str("\n\n");
-            message.content.push_str(text);
-        }
-        None => messages.push(ChatMessage::user(text)),
-    }
 }
 
 /// A request's token budget.

@@ -44,14 +44,7 @@ impl OllamaProvider {
         if let Some(key) = &self.api_key {
             builder = builder.bearer_auth(key.expose());
         }
-        let response = builder.send().await.map_err(|error| http::transport_error(&self.name, &request.model, &url, &error))?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(response);
-        }
-        let headers = response.headers().clone();
-        let body = response.text().await.unwrap_or_default();
-        Err(http::status_error(&self.name, &request.model, status, &headers, &body))
+        http::send(builder, &self.name, &request.model, &url).await
     }
 
     fn protocol_error(&self, model: &str, what: impl std::fmt::Display) -> LlmError {

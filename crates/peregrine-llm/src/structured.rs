@@ -6,7 +6,7 @@
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 
-use crate::types::ResponseSchema;
+use crate::types::{ChatMessage, ChatRole, ResponseSchema};
 
 /// The schema of `T`, named after `T` (`ExtractedTask`, `CapabilityMatch`, …).
 pub fn schema_for<T: JsonSchema>() -> ResponseSchema {
@@ -21,6 +21,17 @@ pub fn schema_prompt(schema: &ResponseSchema) -> String {
         "Schema name: {}\nRespond ONLY with one JSON object that matches this JSON schema (no prose, no code fences):\n{}",
         schema.name, schema.schema
     )
+}
+
+/// Appends `text` to the last user message (or adds one): where the schema-in-prompt goes.
+pub(crate) fn append_to_last_user(messages: &mut Vec<ChatMessage>, text: &str) {
+    match messages.iter_mut().rev().find(|message| message.role == ChatRole::User) {
+        Some(message) => {
+            message.content.push_str("\n\n");
+            message.content.push_str(text);
+        }
+        None => messages.push(ChatMessage::user(text)),
+    }
 }
 
 /// What models wrap JSON in, removed: code fences, text before the first `{`/`[` and after the
