@@ -31,10 +31,7 @@ pub struct AnthropicProvider {
 impl AnthropicProvider {
     /// A provider called `name` (its `api.providers` key) using `config`; the API key is required.
     pub fn new(name: &str, config: &ProviderConfig) -> Result<Self, LlmError> {
-        let base_url = config.base_url.as_deref().unwrap_or(DEFAULT_BASE_URL).trim_end_matches('/').to_owned();
-        if base_url.is_empty() {
-            return Err(LlmError::new(LlmErrorKind::Config, name, "-", format!("no endpoint: set api.providers.{name}.base_url")));
-        }
+        let base_url = http::validate_base_url(name, config.base_url.as_deref().unwrap_or(DEFAULT_BASE_URL))?;
         let api_key = config.api_key.clone().ok_or_else(|| {
             LlmError::new(
                 LlmErrorKind::Config,
@@ -43,7 +40,7 @@ impl AnthropicProvider {
                 format!("no API key: set api.providers.{name}.api_key (e.g. api_key: ${{ANTHROPIC_API_KEY}})"),
             )
         })?;
-        let http = http::client(config.timeout()).map_err(|error| LlmError { provider: name.into(), ..error })?;
+        let http = http::client(config.timeout(name)?).map_err(|error| LlmError { provider: name.into(), ..error })?;
         Ok(Self { name: name.into(), base_url, api_key, http })
     }
 

@@ -117,7 +117,16 @@ impl LlmClient {
         std::fs::create_dir_all(&dir).map_err(|error| {
             LlmError::new(LlmErrorKind::Config, "-", "-", format!("cannot create the API-call log directory {}: {error}", dir.display()))
         })?;
-        self.recorder = Some(CallRecorder { dir, sequence: AtomicU64::new(0) });
+        // Continue after the records already there: a resumed process must not overwrite them.
+        let next = std::fs::read_dir(&dir)
+            .map(|entries| {
+                entries
+                    .filter_map(|entry| entry.ok()?.file_name().to_str()?.split('-').next()?.parse::<u64>().ok())
+                    .max()
+                    .map_or(0, |highest| highest + 1)
+            })
+            .unwrap_or(0);
+        self.recorder = Some(CallRecorder { dir, sequence: AtomicU64::new(next) });
         Ok(self)
     }
 
@@ -274,7 +283,7 @@ impl LlmClient {
         let (resolved, provider) = self.resolve(role)?;
         let request = Self::request(&resolved, messages);
         self.emit_request(role, provider.name(), &request, None, options);
-        let retries = self.config.provider(provider.name()).max_retries.unwrap_or(2);
+        let retries = self.config.provider(provider.name()).retries();
         let mut attempt = 1;
         loop {
             match provider.stream_boxed(request.clone()).await {
@@ -308,7 +317,7 @@ impl LlmClient {
         options: CallOptions<'_>,
     ) -> Result<ChatResponse, LlmError> {
         self.emit_request(role, provider.name(), &request, schema, options);
-        let retries = self.config.provider(provider.name()).max_retries.unwrap_or(2);
+        let retries = self.config.provider(provider.name()).retries();
         let started = Instant::now();
         let mut attempt = 1;
         let result = loop {

@@ -111,10 +111,31 @@ pub struct ProviderConfig {
 }
 
 impl ProviderConfig {
-    /// The request timeout.
-    pub fn timeout(&self) -> Duration {
-        self.timeout_seconds.and_then(|seconds| Duration::try_from_secs_f64(seconds).ok()).unwrap_or(Duration::from_secs(120))
+    /// The request timeout (120 s when unset); a value that is not a positive number of seconds
+    /// is refused rather than replaced.
+    pub fn timeout(&self, provider: &str) -> Result<Duration, LlmError> {
+        match self.timeout_seconds {
+            None => Ok(Duration::from_secs(120)),
+            Some(seconds) if seconds.is_finite() && seconds > 0.0 => {
+                Duration::try_from_secs_f64(seconds).map_err(|_| invalid_timeout(provider, seconds))
+            }
+            Some(seconds) => Err(invalid_timeout(provider, seconds)),
+        }
     }
+
+    /// Transport retries for transient faults: 2 by default, at most 10.
+    pub fn retries(&self) -> u32 {
+        self.max_retries.unwrap_or(2).min(10)
+    }
+}
+
+fn invalid_timeout(provider: &str, seconds: f64) -> LlmError {
+    LlmError::new(
+        LlmErrorKind::Config,
+        provider,
+        "-",
+        format!("api.providers.{provider}.timeout_seconds is {seconds}; use a positive number of seconds"),
+    )
 }
 
 /// `models` plus `api.providers`.

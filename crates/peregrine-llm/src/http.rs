@@ -13,10 +13,11 @@ use crate::error::{LlmError, LlmErrorKind};
 use crate::provider::EventStream;
 use crate::types::StreamEvent;
 
-/// An HTTP client with the provider's timeout.
+/// An HTTP client with the provider's timeout, applied to connecting and to every read: a
+/// server that goes silent that long fails, while a long answer that keeps streaming does not.
 pub fn client(timeout: Duration) -> Result<reqwest::Client, LlmError> {
     reqwest::Client::builder()
-        .timeout(timeout)
+        .read_timeout(timeout)
         .connect_timeout(timeout.min(Duration::from_secs(10)))
         .build()
         .map_err(|error| LlmError::new(LlmErrorKind::Config, "-", "-", format!("cannot build the HTTP client: {error}")))
@@ -35,6 +36,26 @@ pub async fn send(builder: reqwest::RequestBuilder, provider: &str, model: &str,
     Err(status_error(provider, model, status, &headers, &body))
 }
 
+/// Checks a provider's `base_url`: an http(s) URL without credentials or a query (keys belong
+/// in `api_key`, where they are never printed), returned without a trailing slash.
+pub fn validate_base_url(provider: &str, base_url: &str) -> Result<String, LlmError> {
+    let trimmed = base_url.trim().trim_end_matches('/');
+    let invalid =
+        |why: &str| LlmError::new(LlmErrorKind::Config, provider, "-", format!("api.providers.{provider}.base_url is invalid: {why}"));
+    if trimmed.is_empty() {
+        return Err(invalid("it is empty; set it to the server's URL, e.g. http://localhost:8000/v1"));
+    }
+    let url =
+        reqwest::Url::parse(trimmed).map_err(|error| invalid(&format!("{error}; write it with its scheme, e.g. http://{trimmed}")))?;
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(invalid(&format!("the scheme must be http or https, not '{}'", url.scheme())));
+    }
+    if !url.username().is_empty() || url.password().is_some() || url.query().is_some() {
+        return Err(invalid("it carries credentials or a query; put the key in api.providers.<name>.api_key, where it is never printed"));
+    }
+    Ok(trimmed.to_owned())
+}
+
 /// A transport failure (no HTTP status).
 pub fn transport_error(provider: &str, model: &str, url: &str, error: &reqwest::Error) -> LlmError {
     let (kind, message) = if error.is_timeout() {
@@ -47,6 +68,8 @@ pub fn transport_error(provider: &str, model: &str, url: &str, error: &reqwest::
             LlmErrorKind::Connect,
             format!("cannot connect to {url}: {error}; check api.providers.{provider}.base_url and that the server runs"),
         )
+    } else if error.is_builder() {
+        (LlmErrorKind::Config, format!("cannot build a request to {url}: {error}; check api.providers.{provider}.base_url"))
     } else if error.is_decode() || error.is_body() {
         (LlmErrorKind::StreamCut, format!("the answer from {url} broke off: {error}"))
     } else {
@@ -71,7 +94,13 @@ pub fn status_error(provider: &str, model: &str, status: StatusCode, headers: &H
     let lower = detail.to_lowercase();
     let code = status.as_u16();
     let (kind, message) = match code {
+        429 if lower.contains("insufficient_quota") || lower.contains("billing") => (
+            LlmErrorKind::Auth { status: code },
+            format!("the account has no quota left ({code}): {detail}; check the billing or the key in api.providers.{provider}.api_key"),
+        ),
         429 => (LlmErrorKind::RateLimited, format!("rate limited (429): {detail}")),
+        408 => (LlmErrorKind::Timeout, format!("the provider timed out the request (408): {detail}")),
+        413 => (LlmErrorKind::ContextLength, format!("the request is too large for the provider (413): {detail}")),
         401 | 403 => (
             LlmErrorKind::Auth { status: code },
             format!("the provider refused the credentials ({code}): {detail}; check api.providers.{provider}.api_key"),
@@ -82,13 +111,19 @@ pub fn status_error(provider: &str, model: &str, status: StatusCode, headers: &H
                 "model '{model}' is unknown to the provider ({code}): {detail}; fix the model_id of this role in config.yml (models.<role>.model_id)"
             ),
         ),
-        400 | 413 | 422 if is_context_overflow(&lower) => {
+        400 | 422 if is_context_overflow(&lower) => {
             (LlmErrorKind::ContextLength, format!("the prompt does not fit the model's context window ({code}): {detail}"))
         }
         400 | 422 if lower.contains("model") && (lower.contains("not found") || lower.contains("does not exist")) => (
             LlmErrorKind::InvalidModel,
             format!(
                 "model '{model}' is unknown to the provider ({code}): {detail}; fix the model_id of this role in config.yml (models.<role>.model_id)"
+            ),
+        ),
+        404 => (
+            LlmErrorKind::BadRequest { status: code },
+            format!(
+                "the provider has no such endpoint (404): {detail}; check api.providers.{provider}.base_url (OpenAI-compatible servers usually end in /v1)"
             ),
         ),
         500..=599 => (LlmErrorKind::Server { status: code }, format!("the provider failed ({code}): {detail}")),
@@ -244,8 +279,32 @@ mod tests {
         assert_eq!(classify(400, "{\"error\":\"model 'llama9' not found, try pulling it first\"}"), LlmErrorKind::InvalidModel);
         assert_eq!(classify(503, "upstream down"), LlmErrorKind::Server { status: 503 });
         assert_eq!(classify(400, "{\"error\":{\"message\":\"bad field\"}}"), LlmErrorKind::BadRequest { status: 400 });
+        assert_eq!(
+            classify(429, "{\"error\":{\"message\":\"quota\",\"code\":\"insufficient_quota\"}}"),
+            LlmErrorKind::Auth { status: 429 }
+        );
+        assert_eq!(classify(408, "timeout"), LlmErrorKind::Timeout);
+        assert_eq!(classify(413, "{\"error\":{\"type\":\"request_too_large\"}}"), LlmErrorKind::ContextLength);
+        assert_eq!(classify(404, "<html>404 page not found</html>"), LlmErrorKind::BadRequest { status: 404 });
         let anthropic_overflow = "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"input length and `max_tokens` exceed context limit: 198000 + 4096 > 200000\"}}";
         assert_eq!(classify(400, anthropic_overflow), LlmErrorKind::ContextLength);
+    }
+
+    #[test]
+    fn base_urls_are_checked_once() {
+        assert_eq!(validate_base_url("vllm", "http://localhost:8000/v1/").expect("valid"), "http://localhost:8000/v1");
+        for (bad, why) in [
+            ("localhost:11434", "scheme"),
+            ("http://user:sk-1@host/v1", "credentials"),
+            ("https://host/v1?api-key=sk", "credentials"),
+            ("", "empty"),
+        ] {
+            let error = validate_base_url("vllm", bad).expect_err(bad);
+            assert_eq!(error.kind, LlmErrorKind::Config);
+            let message = error.to_string();
+            assert!(message.contains(why) && message.contains("api.providers.vllm.base_url"), "{bad}: {message}");
+            assert!(!message.contains("sk-1") || bad.is_empty(), "the secret is not echoed: {message}");
+        }
     }
 
     #[test]

@@ -26,11 +26,8 @@ impl OllamaProvider {
     /// A provider called `name` (its `api.providers` key) using `config`. An API key is optional
     /// (sent as a bearer token, for Ollama behind an authenticating proxy).
     pub fn new(name: &str, config: &ProviderConfig) -> Result<Self, LlmError> {
-        let base_url = config.base_url.as_deref().unwrap_or(DEFAULT_BASE_URL).trim_end_matches('/').to_owned();
-        if base_url.is_empty() {
-            return Err(LlmError::new(LlmErrorKind::Config, name, "-", format!("no endpoint: set api.providers.{name}.base_url")));
-        }
-        let http = http::client(config.timeout()).map_err(|error| LlmError { provider: name.into(), ..error })?;
+        let base_url = http::validate_base_url(name, config.base_url.as_deref().unwrap_or(DEFAULT_BASE_URL))?;
+        let http = http::client(config.timeout(name)?).map_err(|error| LlmError { provider: name.into(), ..error })?;
         Ok(Self { name: name.into(), base_url, api_key: config.api_key.clone(), http })
     }
 

@@ -2,7 +2,6 @@
 //! with native `response_format: json_schema`, tools and usage. The same protocol serves
 //! OpenAI, vLLM, CBorg, Ollama's `/v1`, LM Studio and llama-server; `base_url` decides.
 
-use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::config::{ProviderConfig, Secret};
@@ -25,11 +24,8 @@ impl OpenAiCompatible {
     /// A provider called `name` (its `api.providers` key) using `config`, with
     /// `default_base_url` when the config has none.
     pub fn new(name: &str, config: &ProviderConfig, default_base_url: &str) -> Result<Self, LlmError> {
-        let base_url = config.base_url.clone().unwrap_or_else(|| default_base_url.to_owned()).trim_end_matches('/').to_owned();
-        if base_url.is_empty() {
-            return Err(LlmError::new(LlmErrorKind::Config, name, "-", format!("no endpoint: set api.providers.{name}.base_url")));
-        }
-        let http = http::client(config.timeout()).map_err(|error| LlmError { provider: name.into(), ..error })?;
+        let base_url = http::validate_base_url(name, config.base_url.as_deref().unwrap_or(default_base_url))?;
+        let http = http::client(config.timeout(name)?).map_err(|error| LlmError { provider: name.into(), ..error })?;
         Ok(Self { name: name.into(), base_url, api_key: config.api_key.clone(), native_schema: true, http })
     }
 
@@ -140,102 +136,45 @@ impl LlmProvider for OpenAiCompatible {
 
     async fn stream(&self, request: ChatRequest) -> Result<EventStream, LlmError> {
         let response = self.send(&request, true).await?;
-        let provider = self.name.clone();
         let url = self.url();
-        let model = request.model.clone();
-        let bytes = response.bytes_stream();
-        let state =
-            SseState { provider, url, model, buffer: String::new(), response: ChatResponse::default(), tools: Vec::new(), done: false };
-        let events = futures::stream::unfold((bytes, state), |(mut bytes, mut state)| async move {
-            loop {
-                if let Some(event) = state.next_event() {
-                    return Some((event, (bytes, state)));
-                }
-                if state.done {
-                    return None;
-                }
-                match bytes.next().await {
-                    Some(Ok(chunk)) => state.buffer.push_str(&String::from_utf8_lossy(&chunk)),
-                    Some(Err(error)) => {
-                        state.done = true;
-                        let error = http::transport_error(&state.provider, &state.model, &state.url, &error);
-                        return Some((Err(LlmError { kind: LlmErrorKind::StreamCut, ..error }), (bytes, state)));
-                    }
-                    None => {
-                        state.done = true;
-                        let error = LlmError::new(
-                            LlmErrorKind::StreamCut,
-                            &state.provider,
-                            &state.model,
-                            format!("the stream from {} ended before [DONE] after {} characters", state.url, state.response.content.len()),
-                        );
-                        return Some((Err(error), (bytes, state)));
-                    }
-                }
-            }
-        });
-        Ok(Box::pin(events))
+        let parser = SseParser {
+            provider: self.name.clone(),
+            url: url.clone(),
+            model: request.model.clone(),
+            response: ChatResponse::default(),
+            tools: Vec::new(),
+        };
+        Ok(http::line_events(response, parser, &self.name, &request.model, &url))
     }
 }
 
-/// Parser state of one SSE stream.
-struct SseState {
+/// Tool calls one streamed answer may make; an index beyond it is a protocol error, not an
+/// allocation the server decides.
+const MAX_STREAMED_TOOL_CALLS: usize = 128;
+
+/// Parser of one OpenAI SSE stream (lines arrive whole, decoded after byte-level splitting).
+struct SseParser {
     provider: String,
     url: String,
     model: String,
-    buffer: String,
     response: ChatResponse,
     tools: Vec<ToolCall>,
-    done: bool,
 }
 
-impl SseState {
-    /// The next event from complete lines in the buffer, if any.
-    fn next_event(&mut self) -> Option<Result<StreamEvent, LlmError>> {
-        while let Some(newline) = self.buffer.find('\n') {
-            let line: String = self.buffer.drain(..=newline).collect();
-            let Some(data) = line.trim().strip_prefix("data:") else { continue };
-            let data = data.trim();
-            if data == "[DONE]" {
-                self.done = true;
-                let mut response = std::mem::take(&mut self.response);
-                response.tool_calls = std::mem::take(&mut self.tools);
-                if response.model.is_empty() {
-                    response.model = self.model.clone();
-                }
-                return Some(Ok(StreamEvent::Done(response)));
-            }
-            let chunk: Value = match serde_json::from_str(data) {
-                Ok(chunk) => chunk,
-                Err(error) => {
-                    self.done = true;
-                    let message = format!("a stream chunk from {} is not JSON: {error}", self.url);
-                    return Some(Err(LlmError::new(LlmErrorKind::Protocol, &self.provider, &self.model, message)));
-                }
-            };
-            if let Some(model) = chunk.get("model").and_then(Value::as_str) {
-                self.response.model = model.to_owned();
-            }
-            if chunk.get("usage").is_some_and(|usage| !usage.is_null()) {
-                self.response.usage = usage_of(&chunk);
-            }
-            if let Some(reason) = chunk.pointer("/choices/0/finish_reason").and_then(Value::as_str) {
-                self.response.finish_reason = Some(reason.to_owned());
-            }
-            if let Some(calls) = chunk.pointer("/choices/0/delta/tool_calls").and_then(Value::as_array) {
-                self.merge_tool_deltas(calls);
-            }
-            if let Some(token) = chunk.pointer("/choices/0/delta/content").and_then(Value::as_str).filter(|token| !token.is_empty()) {
-                self.response.content.push_str(token);
-                return Some(Ok(StreamEvent::Token(token.to_owned())));
-            }
-        }
-        None
+impl SseParser {
+    fn protocol(&self, message: String) -> LlmError {
+        LlmError::new(LlmErrorKind::Protocol, &self.provider, &self.model, message)
     }
 
-    fn merge_tool_deltas(&mut self, calls: &[Value]) {
+    fn merge_tool_deltas(&mut self, calls: &[Value]) -> Result<(), LlmError> {
         for call in calls {
             let index = call.get("index").and_then(Value::as_u64).and_then(|index| usize::try_from(index).ok()).unwrap_or(0);
+            if index >= MAX_STREAMED_TOOL_CALLS {
+                return Err(self.protocol(format!(
+                    "a stream from {} names tool call {index}; at most {MAX_STREAMED_TOOL_CALLS} are accepted",
+                    self.url
+                )));
+            }
             while self.tools.len() <= index {
                 self.tools.push(ToolCall { id: String::new(), name: String::new(), arguments: String::new() });
             }
@@ -250,6 +189,73 @@ impl SseState {
                 tool.arguments.push_str(arguments);
             }
         }
+        Ok(())
+    }
+}
+
+impl http::LineParser for SseParser {
+    fn line(&mut self, line: &str, events: &mut Vec<Result<StreamEvent, LlmError>>) {
+        // SSE: `data:` lines carry the payload (with or without a space); comments, event names
+        // and keep-alives are skipped.
+        let Some(data) = line.strip_prefix("data:") else { return };
+        let data = data.trim();
+        if data.is_empty() {
+            return;
+        }
+        if data == "[DONE]" {
+            let mut response = std::mem::take(&mut self.response);
+            response.tool_calls = std::mem::take(&mut self.tools);
+            if response.model.is_empty() {
+                response.model = self.model.clone();
+            }
+            events.push(Ok(StreamEvent::Done(response)));
+            return;
+        }
+        let chunk: Value = match serde_json::from_str(data) {
+            Ok(chunk) => chunk,
+            Err(error) => {
+                events.push(Err(self.protocol(format!("a stream chunk from {} is not JSON: {error}", self.url))));
+                return;
+            }
+        };
+        if chunk.get("error").is_some_and(|error| !error.is_null()) {
+            // A failure after the 200 (vLLM, LiteLLM): classified from its body, so a context
+            // overflow keeps its class; anything else counts as the server's fault.
+            let no_headers = reqwest::header::HeaderMap::new();
+            let as_request_error = http::status_error(&self.provider, &self.model, reqwest::StatusCode::BAD_REQUEST, &no_headers, data);
+            let error = if as_request_error.kind == LlmErrorKind::ContextLength {
+                as_request_error
+            } else {
+                http::status_error(&self.provider, &self.model, reqwest::StatusCode::INTERNAL_SERVER_ERROR, &no_headers, data)
+            };
+            let kind = error.kind.clone();
+            events.push(Err(LlmError { kind, message: format!("{} (in the stream from {})", error.message, self.url), ..error }));
+            return;
+        }
+        if let Some(model) = chunk.get("model").and_then(Value::as_str) {
+            self.response.model = model.to_owned();
+        }
+        if chunk.get("usage").is_some_and(|usage| !usage.is_null()) {
+            self.response.usage = usage_of(&chunk);
+        }
+        if let Some(reason) = chunk.pointer("/choices/0/finish_reason").and_then(Value::as_str) {
+            self.response.finish_reason = Some(reason.to_owned());
+        }
+        if let Some(calls) = chunk.pointer("/choices/0/delta/tool_calls").and_then(Value::as_array)
+            && let Err(error) = self.merge_tool_deltas(calls)
+        {
+            events.push(Err(error));
+            return;
+        }
+        if let Some(token) = chunk.pointer("/choices/0/delta/content").and_then(Value::as_str).filter(|token| !token.is_empty()) {
+            self.response.content.push_str(token);
+            events.push(Ok(StreamEvent::Token(token.to_owned())));
+        }
+    }
+
+    fn cut(&self) -> LlmError {
+        let message = format!("the stream from {} ended before [DONE] after {} characters", self.url, self.response.content.len());
+        LlmError::new(LlmErrorKind::StreamCut, &self.provider, &self.model, message)
     }
 }
 

@@ -107,6 +107,10 @@ fn is_word(c: char) -> bool {
 /// Parses model output into `T` after [`clean_json`]; the error says what was wrong in words a
 /// model can act on.
 pub fn parse<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    // Valid JSON is taken as it is; clean-up is only for what is not.
+    if let Ok(value) = serde_json::from_str(text.trim()) {
+        return Ok(value);
+    }
     let cleaned = clean_json(text);
     serde_json::from_str(&cleaned).map_err(|error| {
         let preview: String = text.chars().take(200).collect();
@@ -160,6 +164,11 @@ mod tests {
             parse("{\"task\": \"check if True or None \\\"False\\\"\", \"depends_on_chat_history\": True}").expect("parses");
         assert_eq!(parsed, ExtractedTask { task: "check if True or None \"False\"".into(), depends_on_chat_history: true });
         assert!(clean_json("{\"TrueNorth\": None}").contains("\"TrueNorth\": null"));
+    }
+
+    #[test]
+    fn valid_json_is_never_rewritten() {
+        assert_eq!(parse::<String>("\"a {b}\"").expect("a JSON string"), "a {b}");
     }
 
     #[test]

@@ -203,6 +203,13 @@ async fn calls_are_recorded_to_a_directory_when_asked() {
     let record: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("api_calls").join(&names[1])).unwrap()).unwrap();
     assert_eq!(record["request"]["messages"][0]["content"], "q");
     assert!(record["response"]["content"].as_str().unwrap().contains("SR:BEAM:CURRENT"));
+
+    let resumed = client_for(&server.base_url(), Setup::default()).record_calls_to(dir.path().join("api_calls")).unwrap();
+    resumed.complete("response", vec![ChatMessage::user("again")], CallOptions::default()).await.unwrap();
+    assert!(dir.path().join("api_calls/000002-response.json").exists(), "a new process continues after the existing records");
+    let first: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("api_calls/000000-response.json")).unwrap()).unwrap();
+    assert_eq!(first["request"]["messages"][0]["content"], "hello", "earlier records are kept");
 }
 
 // ---- the fault matrix ----
