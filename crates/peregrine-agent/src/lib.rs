@@ -1,11 +1,23 @@
 //! The Peregrine agent framework proper: the router edge with Osprey's recovery semantics, the
-//! node wrappers that turn capabilities and infrastructure nodes into graph nodes, and the
-//! assembly of one router-controlled graph from a capability registry.
+//! node wrappers that turn capabilities and infrastructure nodes into graph nodes, the
+//! framework's infrastructure nodes and terminal capabilities with their prompt builders, and
+//! the assembly of one router-controlled graph from a capability registry.
 
 pub mod assembly;
+pub mod catalog;
+pub mod clarify;
+pub mod datasource;
+pub mod infra;
 pub mod nodes;
+pub mod respond;
 pub mod router;
+pub mod services;
+pub mod settings;
 
 pub use assembly::{AgentGraphBuilder, AssemblyError};
-pub use nodes::{CapabilityNode, InfrastructureNode, InfrastructureWrapper, approval_answer};
+pub use catalog::Catalog;
+pub use datasource::{DataSource, DataSourceRequest, RetrievedData};
+pub use nodes::{CapabilityNode, InfrastructureNode, InfrastructureWrapper, NodeEvents, approval_answer};
 pub use router::{CLASSIFIER, ERROR, ORCHESTRATOR, RouterConfig, TASK_EXTRACTION, TERMINAL_NODES, route};
+pub use services::Services;
+pub use settings::{AgentSettings, ClassifierMode};

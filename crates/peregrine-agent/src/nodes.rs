@@ -62,10 +62,10 @@ pub trait InfrastructureNode: Send + Sync + 'static {
     ) -> impl Future<Output = Result<CapabilityOutcome, CapabilityError>> + Send;
 }
 
-/// Sends core events into the run's event stream.
-struct ContextSink<'a>(&'a NodeContext<AgentState>);
+/// Sends core events (and LLM events, via `CallOptions::events`) into the run's event stream.
+pub struct NodeEvents<'a>(pub &'a NodeContext<AgentState>);
 
-impl EventSink for ContextSink<'_> {
+impl EventSink for NodeEvents<'_> {
     fn emit(&self, event: AgentEvent) {
         self.0.emit(event);
     }
@@ -77,7 +77,8 @@ fn elapsed_ms(started: Instant) -> u64 {
 
 /// The answer to the approval request this node made, when it runs again after one: read from
 /// the engine's resume record, which is bound to the digest of what was asked. An answer that
-/// is not an explicit approval (`true` or `{"approved": true}`) counts as a rejection.
+/// is not an explicit approval (`true` or `{"approved": true}`) counts as a rejection; an
+/// approval may carry an edited payload (`{"approved": true, "edit": …}`).
 pub fn approval_answer(ctx: &NodeContext<AgentState>) -> Option<ApprovalAnswer> {
     let record = ctx.resume()?;
     let approved = match &record.answer {
@@ -89,6 +90,7 @@ pub fn approval_answer(ctx: &NodeContext<AgentState>) -> Option<ApprovalAnswer> 
         approved,
         payload: record.payload.get("resume_payload").cloned().unwrap_or(serde_json::Value::Null),
         delivery: record.delivery,
+        edit: if approved { record.answer.get("edit").filter(|edit| !edit.is_null()).cloned() } else { None },
     })
 }
 
@@ -249,7 +251,7 @@ impl Node<AgentState> for CapabilityNode {
                 description: step.task_objective.clone(),
             },
         ));
-        let sink = ContextSink(ctx);
+        let sink = NodeEvents(ctx);
         let approval = approval_answer(ctx);
         let input = CapabilityInput { state: &state, step: &step, spec, events: &sink, approval: approval.as_ref() };
         let result = self.capability.execute_boxed(input).await;

@@ -141,6 +141,10 @@ pub struct ApprovalAnswer {
     /// How many times this answer has been delivered; above 1 the approved action may already
     /// have run before a crash or cancellation, so check before repeating a side effect.
     pub delivery: u32,
+    /// A replacement the person approved instead of the payload as shown (an edited plan);
+    /// the node validates it like any other untrusted input before using it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edit: Option<Value>,
 }
 
 impl ApprovalAnswer {

@@ -5,6 +5,7 @@
 //! This crate does no I/O: everything here is data and pure functions, so the router, plan
 //! validation and context rules can be table-tested without a runtime.
 
+pub mod approval;
 pub mod capability;
 pub mod concurrency;
 pub mod context;
@@ -15,6 +16,7 @@ pub mod plan;
 pub mod registry;
 pub mod state;
 
+pub use approval::{ApprovalConfig, ApprovalDecision, approval_message};
 pub use capability::{
     ApprovalAnswer, ApprovalRequest, Capability, CapabilityError, CapabilityInput, CapabilityOutcome, CapabilitySpec, ClassifierExample,
     ClassifierGuide, DynCapability, EventSink, OrchestratorExample, OrchestratorGuide,
@@ -25,4 +27,4 @@ pub use events::{AgentEvent, EventKind};
 pub use graph_state::{GraphState, Slot};
 pub use plan::{ExecutionPlan, InputRef, PlanValidationError, PlannedStep, validate_plan};
 pub use registry::{Registry, RegistryError};
-pub use state::{AgentControl, AgentState, AgentStateUpdate, ControlUpdate, ErrorInfo, Message, NodeKind, Role, TurnStart};
+pub use state::{AgentControl, AgentState, AgentStateUpdate, ApprovalMode, ControlUpdate, ErrorInfo, Message, NodeKind, Role, TurnStart};

@@ -69,6 +69,18 @@ impl Message {
     }
 }
 
+/// Well-known `session_state` keys.
+pub mod session_keys {
+    /// The user id (memory is stored per user).
+    pub const USER_ID: &str = "user_id";
+    /// The interface: `cli`, `openwebui` or `api`.
+    pub const INTERFACE: &str = "interface";
+    /// The capability of a direct-chat session.
+    pub const DIRECT_CHAT_CAPABILITY: &str = "direct_chat_capability";
+    /// The last result of a direct-chat session.
+    pub const LAST_DIRECT_CHAT_RESULT: &str = "last_direct_chat_result";
+}
+
 /// Which approvals are asked for (`approval.global_mode`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -298,9 +310,21 @@ impl AgentState {
         self.messages.iter().rev().find(|message| message.role == Role::User).map(|message| message.content.as_str())
     }
 
+    /// The user this conversation belongs to (session key `user_id`), for per-user data such
+    /// as memory.
+    pub fn user_id(&self) -> Option<&str> {
+        self.session_state.get(session_keys::USER_ID).and_then(Value::as_str).filter(|id| !id.is_empty())
+    }
+
+    /// The interface the conversation runs in (session key `interface`: `cli`, `openwebui`,
+    /// `api`), for interface-aware response guidelines.
+    pub fn interface(&self) -> Option<&str> {
+        self.session_state.get(session_keys::INTERFACE).and_then(Value::as_str)
+    }
+
     /// The direct-chat capability, if the session is in direct-chat mode.
     pub fn direct_chat_capability(&self) -> Option<&str> {
-        self.session_state.get("direct_chat_capability").and_then(Value::as_str)
+        self.session_state.get(session_keys::DIRECT_CHAT_CAPABILITY).and_then(Value::as_str)
     }
 
     /// Resets every turn-scoped group, keeping messages, context and session (reference §1.5).

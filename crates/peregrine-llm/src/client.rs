@@ -199,8 +199,20 @@ impl LlmClient {
         messages: Vec<ChatMessage>,
         options: CallOptions<'_>,
     ) -> Result<T, LlmError> {
+        self.structured_with_schema(role, messages, schema_for::<T>(), options).await
+    }
+
+    /// Like [`LlmClient::structured`] with a schema narrower than `T`'s own (for example a plan
+    /// whose `capability` is an enum of the active capability names). The answer is still parsed
+    /// into `T`, so the caller validates what the schema could not express.
+    pub async fn structured_with_schema<T: DeserializeOwned>(
+        &self,
+        role: &str,
+        messages: Vec<ChatMessage>,
+        schema: ResponseSchema,
+        options: CallOptions<'_>,
+    ) -> Result<T, LlmError> {
         let (resolved, provider) = self.resolve(role)?;
-        let schema = schema_for::<T>();
         let native = provider.features().native_json_schema;
         let mut messages = messages;
         if !native {

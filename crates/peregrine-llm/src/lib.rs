@@ -11,6 +11,7 @@ pub mod client;
 pub mod config;
 pub mod error;
 pub mod factory;
+pub mod fake;
 pub mod http;
 #[cfg(feature = "local")]
 pub mod local;
@@ -25,6 +26,7 @@ pub use client::{CallOptions, LlmClient, UsageRecord};
 pub use config::{LlmConfig, ModelConfig, ProviderConfig, Secret, roles};
 pub use error::{FaultClass, LlmError, LlmErrorKind};
 pub use factory::{build_provider, default_protocol};
+pub use fake::FakeProvider;
 #[cfg(feature = "local")]
 pub use local::LocalProvider;
 pub use ollama::OllamaProvider;

@@ -1,0 +1,1 @@
+//! clarify (in progress).

@@ -1,0 +1,1 @@
+//! task_extraction (in progress).

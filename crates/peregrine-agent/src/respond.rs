@@ -1,0 +1,1 @@
+//! respond (in progress).

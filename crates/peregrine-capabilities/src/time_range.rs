@@ -1,0 +1,1 @@
+//! time_range (in progress).

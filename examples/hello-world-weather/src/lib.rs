@@ -1,0 +1,1 @@
+//! The hello-world-weather example application (in progress).
