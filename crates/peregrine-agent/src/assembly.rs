@@ -28,6 +28,9 @@ pub enum AssemblyError {
     /// An infrastructure node and a capability share a name.
     #[error("'{0}' is both an infrastructure node and a capability; rename one of them")]
     NameClash(String),
+    /// A framework capability could not be registered.
+    #[error(transparent)]
+    Registry(peregrine_core::RegistryError),
     /// The graph engine refused the graph.
     #[error(transparent)]
     Build(#[from] BuildError),

@@ -3,10 +3,13 @@
 //! framework's infrastructure nodes and terminal capabilities with their prompt builders, and
 //! the assembly of one router-controlled graph from a capability registry.
 
+pub mod agent;
 pub mod assembly;
 pub mod catalog;
 pub mod clarify;
+pub mod commands;
 pub mod datasource;
+pub mod gateway;
 pub mod infra;
 pub mod nodes;
 pub mod respond;
@@ -14,9 +17,12 @@ pub mod router;
 pub mod services;
 pub mod settings;
 
+pub use agent::{Agent, AgentBuilder, AgentError, PromptOverrides, TurnOptions, TurnResult, TurnStatus};
 pub use assembly::{AgentGraphBuilder, AssemblyError};
 pub use catalog::Catalog;
+pub use commands::{CommandError, ParsedInput, SlashCommand, parse_input};
 pub use datasource::{DataSource, DataSourceRequest, RetrievedData};
+pub use gateway::{ApprovalDetection, ApprovalMethod, Gateway, GatewayAction, GatewayError, Session, keyword_answer};
 pub use nodes::{CapabilityNode, InfrastructureNode, InfrastructureWrapper, NodeEvents, approval_answer};
 pub use router::{CLASSIFIER, ERROR, ORCHESTRATOR, RouterConfig, TASK_EXTRACTION, TERMINAL_NODES, route};
 pub use services::Services;

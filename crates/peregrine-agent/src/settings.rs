@@ -35,9 +35,6 @@ pub struct AgentSettings {
     pub agent_data_dir: PathBuf,
     /// Classifier mode.
     pub classifier_mode: ClassifierMode,
-    /// Concurrent `CapabilityMatch` calls in per-capability mode (upstream's
-    /// `max_concurrent_classifications`, 5).
-    pub max_concurrent_classifications: usize,
     /// How long task extraction waits for all data sources together (upstream: 30 s).
     pub data_source_timeout: Duration,
 }
@@ -51,7 +48,6 @@ impl Default for AgentSettings {
             timezone: chrono_tz::UTC,
             agent_data_dir: PathBuf::from("_agent_data"),
             classifier_mode: ClassifierMode::default(),
-            max_concurrent_classifications: 5,
             data_source_timeout: Duration::from_secs(30),
         }
     }

@@ -2,5 +2,22 @@
 //! saves approved first, also offered to task extraction as a data source) and
 //! `time_range_parsing` (timezone-aware ranges in the facility's zone).
 
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
 pub mod memory;
 pub mod time_range;
+
+pub use memory::{
+    DefaultMemoryPrompts, MEMORY_CAPABILITY, MEMORY_CONTEXT, MEMORY_SAVE_APPROVAL, MemoryCapability, MemoryContentExtraction,
+    MemoryContext, MemoryEntry, MemoryError, MemoryOperation, MemoryOperationClassification, MemoryPrompts, MemoryStore,
+    USER_MEMORY_SOURCE, UserMemoryDataSource,
+};
+pub use time_range::{
+    DefaultTimeRangePrompts, TIME_RANGE, TIME_RANGE_CAPABILITY, TimeRangeCapability, TimeRangeContext, TimeRangeError, TimeRangeOutput,
+    TimeRangePrompts, parse_datetime,
+};
+
+/// Where a capability reads the current time; replaceable so tests are deterministic.
+pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;

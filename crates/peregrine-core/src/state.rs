@@ -442,7 +442,7 @@ pub struct AgentStateUpdate {
     /// Starts a new turn first (resets turn-scoped groups, appends the user message).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub new_turn: Option<TurnStart>,
-    /// Messages to append.
+    /// Messages to append (with `new_turn`: before the turn's user message).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub messages: Vec<Message>,
     /// Context entries to merge at (type, key) granularity.
@@ -510,10 +510,12 @@ impl GraphState for AgentState {
     type Event = AgentEvent;
 
     fn apply(&mut self, update: AgentStateUpdate) {
+        // Messages sent with a new turn (markers such as the end of a direct chat) precede its
+        // user message.
+        self.messages.extend(update.messages);
         if let Some(turn) = update.new_turn {
             self.start_turn(turn);
         }
-        self.messages.extend(update.messages);
         if let Some(context) = update.context {
             self.capability_context_data.merge(context);
         }

@@ -59,6 +59,32 @@ pub struct NodeContext<S: GraphState> {
 }
 
 impl<S: GraphState> NodeContext<S> {
+    /// A context outside any run, for driving one node directly (unit tests, tools): step 1,
+    /// no resume record, no event listener, never cancelled.
+    pub fn standalone(thread_id: &str, node: &str) -> Self {
+        Self {
+            thread_id: Arc::from(thread_id),
+            run_id: Arc::from("standalone"),
+            node: Arc::from(node),
+            step: 1,
+            resume: None,
+            events: None,
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// The same context carrying the answer to the node's interrupt.
+    pub fn with_resume(mut self, resume: ResumeRecord) -> Self {
+        self.resume = Some(resume);
+        self
+    }
+
+    /// The same context sending events to `events`.
+    pub fn with_events(mut self, events: UnboundedSender<RunEvent<S::Event>>) -> Self {
+        self.events = Some(events);
+        self
+    }
+
     /// The thread being run.
     pub fn thread_id(&self) -> &str {
         &self.thread_id

@@ -1,0 +1,206 @@
+//! Pending plans of planning mode, on disk: `pending_execution_plan.json` (the plan awaiting
+//! approval, with `__metadata__`) and `modified_execution_plan.json` (an edited plan written by
+//! a plan editor), in one folder **per thread**
+//! (`<agent_data_dir>/execution_plans/pending_plans/<thread>/`), so two conversations never
+//! overwrite each other's plan as upstream's single global file did.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use peregrine_core::ExecutionPlan;
+use serde_json::{Value, json};
+
+/// The plan awaiting approval.
+pub const PENDING_FILE: &str = "pending_execution_plan.json";
+/// An edited plan to use instead, when present at approval time.
+pub const MODIFIED_FILE: &str = "modified_execution_plan.json";
+
+/// The pending-plan folder of one thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingPlans {
+    dir: PathBuf,
+}
+
+/// What goes into `__metadata__`.
+pub struct PlanMetadata<'a> {
+    /// The task planned.
+    pub current_task: &'a str,
+    /// The user's message.
+    pub original_query: &'a str,
+    /// The thread.
+    pub thread_id: &'a str,
+    /// When the plan was made (RFC 3339).
+    pub created_at: String,
+}
+
+impl PendingPlans {
+    /// The folder for `thread_id` under `agent_data_dir`.
+    pub fn for_thread(agent_data_dir: &Path, thread_id: &str) -> Self {
+        Self { dir: agent_data_dir.join("execution_plans").join("pending_plans").join(folder_name(thread_id)) }
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The pending plan's path.
+    pub fn pending_path(&self) -> PathBuf {
+        self.dir.join(PENDING_FILE)
+    }
+
+    /// The edited plan's path.
+    pub fn modified_path(&self) -> PathBuf {
+        self.dir.join(MODIFIED_FILE)
+    }
+
+    /// Writes the pending plan (atomically: a reader never sees half a file) and removes any
+    /// stale edited plan, which belonged to an older plan. Returns the pending plan's path.
+    pub fn save(&self, plan: &ExecutionPlan, metadata: &PlanMetadata<'_>) -> Result<PathBuf, (PathBuf, io::Error)> {
+        std::fs::create_dir_all(&self.dir).map_err(|error| (self.dir.clone(), error))?;
+        remove_if_present(&self.modified_path()).map_err(|error| (self.modified_path(), error))?;
+        let steps = serde_json::to_value(&plan.steps).map_err(|error| (self.pending_path(), io::Error::other(error)))?;
+        let document = json!({
+            "__metadata__": {
+                "current_task": metadata.current_task,
+                "original_query": metadata.original_query,
+                "thread_id": metadata.thread_id,
+                "created_at": metadata.created_at,
+                "serialization_type": "pending_execution_plan",
+            },
+            "steps": steps,
+        });
+        let text = serde_json::to_string_pretty(&document).map_err(|error| (self.pending_path(), io::Error::other(error)))?;
+        let path = self.pending_path();
+        let partial = self.dir.join(format!("{PENDING_FILE}.partial"));
+        std::fs::write(&partial, text).map_err(|error| (partial.clone(), error))?;
+        std::fs::rename(&partial, &path).map_err(|error| (path.clone(), error))?;
+        Ok(path)
+    }
+
+    /// The edited plan, if a plan editor wrote one: `Ok(None)` when absent, an error naming the
+    /// file when it cannot be read or is not a plan (`__metadata__` is ignored).
+    pub fn load_modified(&self) -> Result<Option<ExecutionPlan>, String> {
+        let path = self.modified_path();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(format!("cannot read {}: {error}", path.display())),
+        };
+        let value: Value = serde_json::from_str(&text).map_err(|error| format!("{} is not valid JSON: {error}", path.display()))?;
+        parse_plan(value).map(Some).map_err(|problem| format!("{}: {problem}", path.display()))
+    }
+
+    /// Removes both files and, when empty, the folder. Failures are reported, not fatal: the
+    /// next [`PendingPlans::save`] clears a stale edited plan anyway.
+    pub fn clear(&self) -> Vec<(PathBuf, io::Error)> {
+        let mut failures = Vec::new();
+        for path in [self.pending_path(), self.modified_path()] {
+            if let Err(error) = remove_if_present(&path) {
+                failures.push((path, error));
+            }
+        }
+        // Fails harmlessly when something else is still in the folder.
+        let _ = std::fs::remove_dir(&self.dir);
+        failures
+    }
+}
+
+fn remove_if_present(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    }
+}
+
+/// A plan from untrusted JSON: `{"steps": [...]}` (extra keys such as `__metadata__` ignored),
+/// `{"execution_plan": {"steps": [...]}}`, or a bare list of steps.
+pub fn parse_plan(value: Value) -> Result<ExecutionPlan, String> {
+    let value = match value {
+        Value::Object(mut object) if !object.contains_key("steps") && object.contains_key("execution_plan") => {
+            object.remove("execution_plan").unwrap_or(Value::Null)
+        }
+        Value::Array(steps) => json!({ "steps": steps }),
+        other => other,
+    };
+    if value.get("steps").is_none() {
+        return Err("expected an execution plan {\"steps\": [...]}".into());
+    }
+    serde_json::from_value::<ExecutionPlan>(value).map_err(|error| format!("not a valid execution plan: {error}"))
+}
+
+/// A folder name for a thread id: the id itself when it is a plain name, otherwise its safe
+/// characters plus a stable hash, so distinct ids never share a folder and no id escapes the
+/// pending-plans folder.
+pub fn folder_name(thread_id: &str) -> String {
+    let plain = !thread_id.is_empty()
+        && thread_id.len() <= 100
+        && !thread_id.starts_with('.')
+        && thread_id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if plain {
+        return thread_id.to_owned();
+    }
+    let safe: String =
+        thread_id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).take(64).collect();
+    format!("{safe}-{:016x}", fnv1a(thread_id.as_bytes()))
+}
+
+/// FNV-1a, 64 bit: stable across builds and platforms (unlike the std hasher).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use peregrine_core::PlannedStep;
+
+    use super::*;
+
+    #[test]
+    fn thread_ids_map_to_distinct_safe_folders() {
+        assert_eq!(folder_name("thread-1"), "thread-1");
+        let slash = folder_name("a/b");
+        let underscore = folder_name("a_b");
+        assert_ne!(slash, underscore);
+        assert!(slash.starts_with("a_b-") && !slash.contains('/'));
+        for hostile in ["..", ".", "", "../../etc", "a\\b"] {
+            let name = folder_name(hostile);
+            assert!(!name.is_empty() && !name.starts_with('.') && !name.contains(['/', '\\']), "{hostile:?} → {name:?}");
+        }
+        assert_eq!(folder_name("a/b"), slash, "stable");
+    }
+
+    #[test]
+    fn save_load_and_clear_round_trip() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let pending = PendingPlans::for_thread(dir.path(), "t1");
+        let plan = ExecutionPlan { steps: vec![PlannedStep::generic_respond("hi")] };
+        let metadata = PlanMetadata { current_task: "hi", original_query: "hi!", thread_id: "t1", created_at: "now".into() };
+        std::fs::create_dir_all(pending.dir()).expect("dir");
+        std::fs::write(pending.modified_path(), "{}").expect("stale edit");
+        let path = pending.save(&plan, &metadata).expect("saved");
+        assert_eq!(path, dir.path().join("execution_plans/pending_plans/t1/pending_execution_plan.json"));
+        assert!(!pending.modified_path().exists(), "a stale edited plan is removed when a new plan is saved");
+        let saved: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+        assert_eq!(saved["__metadata__"]["serialization_type"], "pending_execution_plan");
+        assert_eq!(saved["__metadata__"]["original_query"], "hi!");
+        assert_eq!(parse_plan(saved).expect("the saved file is a plan"), plan);
+        assert_eq!(pending.load_modified(), Ok(None));
+        std::fs::write(pending.modified_path(), "not json").expect("write");
+        assert!(pending.load_modified().expect_err("bad file").contains("modified_execution_plan.json"));
+        assert!(pending.clear().is_empty());
+        assert!(!pending.dir().exists());
+    }
+
+    #[test]
+    fn plans_parse_from_the_accepted_shapes() {
+        let step = json!({"context_key": "r", "capability": "respond", "task_objective": "answer"});
+        for shape in [json!({"steps": [step.clone()]}), json!({"execution_plan": {"steps": [step.clone()]}}), json!([step.clone()])] {
+            assert_eq!(parse_plan(shape).expect("parses").steps.len(), 1);
+        }
+        assert!(parse_plan(json!({"plan": []})).is_err());
+        assert!(
+            parse_plan(json!({"steps": [{"capability": "respond"}]})).expect_err("missing fields").contains("not a valid execution plan")
+        );
+    }
+}

@@ -1,1 +1,0 @@
-//! respond (in progress).
