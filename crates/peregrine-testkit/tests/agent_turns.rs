@@ -436,7 +436,8 @@ async fn acceptance_case_21_a_rejected_memory_save_saves_nothing() {
 #[tokio::test]
 async fn acceptance_case_21_memory_without_a_user_is_critical() {
     let h = harness(memory_script("x"), ClassifierMode::Batched).await;
-    let result = h.agent.send("t", "Remember that my shift starts at 7am", &Session::default(), TurnOptions::default()).await.expect("handled");
+    let result =
+        h.agent.send("t", "Remember that my shift starts at 7am", &Session::default(), TurnOptions::default()).await.expect("handled");
     assert_eq!(result.status, TurnStatus::Failed);
     let report = result.response.expect("report");
     assert!(report.contains("CRITICAL") && report.contains("user id"), "{report}");
