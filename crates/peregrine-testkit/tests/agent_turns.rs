@@ -91,6 +91,7 @@ async fn harness(script: Script, mode: ClassifierMode) -> Harness {
     let agent = Agent::builder(registry, services)
         .checkpointer(Arc::new(checkpointer))
         .data_source(Arc::new(UserMemoryDataSource::new(store)))
+        .prompts(hello_world_weather::prompts::prompt_overrides())
         .build()
         .expect("agent");
     Harness { server, agent, data_dir, _dir: dir }
@@ -154,6 +155,8 @@ async fn the_weather_turn_runs_every_node_once_in_batched_mode() {
     for schema in ["ExtractedTask", "CapabilitySelection", "ExecutionPlan", "LocationExtraction"] {
         assert_eq!(h.calls(schema).len(), 1, "{schema}");
     }
+    let task_prompt = last_prompt(&h.calls("ExtractedTask"));
+    assert!(task_prompt.contains("weather assistant task extraction specialist"), "the application's prompt override is used");
     let respond = h.plain_calls();
     assert_eq!(respond.len(), 1);
     assert!(respond[0].stream, "respond streams its answer");

@@ -1,8 +1,15 @@
 //! The application's task-extraction customisation (upstream's
 //! `WeatherTaskExtractionPromptBuilder`): a weather-specific role and instructions, and eight
-//! weather examples that replace the framework's defaults. Kept as data until the framework's
-//! task-extraction node accepts prompt overrides.
+//! weather examples that replace the framework's defaults — plugged in through
+//! [`prompt_overrides`], without forking the framework.
 
+use std::sync::Arc;
+
+use peregrine_agent::PromptOverrides;
+use peregrine_agent::RetrievedData;
+use peregrine_agent::infra::task_extraction::{
+    ExampleMessage, ExtractedTask, TaskExtractionExample as FrameworkExample, TaskExtractionPrompts,
+};
 use peregrine_core::Role;
 
 /// One task-extraction example: a conversation, the user's memory, and the expected task.
@@ -19,10 +26,6 @@ pub struct TaskExtractionExample {
     /// Whether the task depends on user memory.
     pub depends_on_user_memory: bool,
 }
-
-/// Whether the framework's own task-extraction examples are kept (upstream passes
-/// `include_default_examples=False`).
-pub const INCLUDE_DEFAULT_EXAMPLES: bool = false;
 
 /// The role line of the task-extraction prompt.
 pub const TASK_EXTRACTION_ROLE: &str =
@@ -157,9 +160,76 @@ pub fn task_extraction_examples() -> Vec<TaskExtractionExample> {
     ]
 }
 
+/// The weather application's task-extraction prompts: upstream's role, instructions and eight
+/// examples; everything else (layout, history, retrieved data) is the framework's.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WeatherTaskExtractionPrompts;
+
+impl TaskExtractionPrompts for WeatherTaskExtractionPrompts {
+    fn role(&self) -> String {
+        TASK_EXTRACTION_ROLE.into()
+    }
+
+    fn instructions(&self) -> String {
+        TASK_EXTRACTION_INSTRUCTIONS.into()
+    }
+
+    fn examples(&self) -> Vec<FrameworkExample> {
+        task_extraction_examples().iter().map(TaskExtractionExample::to_framework).collect()
+    }
+}
+
+impl TaskExtractionExample {
+    /// The example in the framework's form (memory entries shown as the user-memory data
+    /// source shows them).
+    pub fn to_framework(&self) -> FrameworkExample {
+        let retrieved_data = if self.user_memory.is_empty() {
+            Vec::new()
+        } else {
+            let entries: Vec<String> = self.user_memory.iter().map(|entry| format!("• {entry}")).collect();
+            vec![RetrievedData {
+                source: "core_user_memory".into(),
+                title: "🧠 User Memory".into(),
+                content: format!("({} saved entries):\n{}", entries.len(), entries.join("\n")),
+            }]
+        };
+        FrameworkExample {
+            history: self.messages.iter().map(|(role, text)| ExampleMessage::new(*role, text)).collect(),
+            retrieved_data,
+            expected: ExtractedTask {
+                task: self.task.into(),
+                depends_on_chat_history: self.depends_on_chat_history,
+                depends_on_user_memory: self.depends_on_user_memory,
+            },
+        }
+    }
+}
+
+/// The prompt builders this application replaces; pass to `AgentBuilder::prompts`.
+pub fn prompt_overrides() -> PromptOverrides {
+    PromptOverrides { task_extraction: Some(Arc::new(WeatherTaskExtractionPrompts)), ..PromptOverrides::default() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_weather_prompts_replace_the_framework_examples() {
+        let prompts = WeatherTaskExtractionPrompts;
+        let examples = prompts.examples();
+        assert_eq!(examples.len(), 8);
+        assert!(examples[6].retrieved_data[0].content.contains("Home location: San Francisco"));
+        let messages = prompts.build(
+            &[peregrine_core::Message::user("How's the weather in Prague?")],
+            &[],
+            chrono::Utc::now().with_timezone(&chrono_tz::UTC),
+        );
+        let text: String = messages.iter().map(|message| message.content.as_str()).collect();
+        assert!(text.contains("weather assistant task extraction specialist"), "{text}");
+        assert!(text.contains("Get historical weather conditions for Paris from 3 hours ago"));
+        assert!(!text.contains("Convert chat conversations into actionable task descriptions."), "the framework role is replaced");
+    }
 
     #[test]
     fn examples_follow_upstream() {
