@@ -19,7 +19,8 @@ use crate::datasource::DataSource;
 use crate::gateway::{Gateway, GatewayAction, GatewayError, Session};
 use crate::infra::classifier::{Classifier, ClassifierPrompts};
 use crate::infra::error_node::{ErrorAnalysisPrompts, ErrorNode};
-use crate::infra::orchestrator::{Orchestrator, OrchestratorPrompts};
+use crate::infra::orchestrator::pending::PendingPlans;
+use crate::infra::orchestrator::{Orchestrator, OrchestratorPrompts, PLAN_APPROVAL_TYPE};
 use crate::infra::task_extraction::{TaskExtraction, TaskExtractionPrompts};
 use crate::respond::{RespondCapability, ResponsePrompts};
 use crate::router::ERROR;
@@ -58,7 +59,8 @@ impl AgentBuilder {
         Self { registry, services, checkpointer: None, data_sources: Vec::new(), prompts: PromptOverrides::default() }
     }
 
-    /// Persists every step with `checkpointer` (without one, threads live as long as the run).
+    /// Persists every step with `checkpointer` (required: approvals and conversations live in
+    /// it; `MemoryCheckpointer` keeps them in memory).
     pub fn checkpointer(mut self, checkpointer: Arc<dyn DynCheckpointer>) -> Self {
         self.checkpointer = Some(checkpointer);
         self
@@ -79,8 +81,18 @@ impl AgentBuilder {
     /// Assembles the agent.
     pub fn build(self) -> Result<Agent, AssemblyError> {
         let Self { mut registry, services, checkpointer, data_sources, prompts } = self;
+        let Some(checkpointer) = checkpointer else { return Err(AssemblyError::MissingCheckpointer) };
         let mut specs: Vec<CapabilitySpec> = registry.iter().map(|capability| capability.spec().clone()).collect();
-        for (name, spec) in [(RESPOND, RespondCapability::default_spec()), (CLARIFY, ClarifyCapability::default_spec())] {
+        // The framework's respond and clarify, described as their prompt overrides describe them.
+        let mut respond_spec = RespondCapability::default_spec();
+        if let Some(prompts) = &prompts.response {
+            respond_spec.orchestrator_guide = Some(prompts.orchestrator_guide());
+        }
+        let mut clarify_spec = ClarifyCapability::default_spec();
+        if let Some(prompts) = &prompts.clarification {
+            clarify_spec.orchestrator_guide = Some(prompts.orchestrator_guide());
+        }
+        for (name, spec) in [(RESPOND, respond_spec), (CLARIFY, clarify_spec)] {
             if !registry.contains(name) {
                 specs.push(spec);
             }
@@ -116,15 +128,14 @@ impl AgentBuilder {
         if let Some(prompts) = prompts.error_analysis {
             error_node = error_node.with_prompts(prompts);
         }
-        let mut graph = AgentGraphBuilder::new(registry, services.settings.limits)
+        let graph = AgentGraphBuilder::new(registry, services.settings.limits)
             .infrastructure(task_extraction)
             .infrastructure(classifier)
             .infrastructure(orchestrator)
-            .infrastructure(error_node);
-        if let Some(checkpointer) = checkpointer {
-            graph = graph.checkpointer(checkpointer);
-        }
-        let graph = Arc::new(graph.build()?);
+            .infrastructure(error_node)
+            .checkpointer(checkpointer)
+            .build()?;
+        let graph = Arc::new(graph);
         let gateway = Gateway::new(services.clone(), catalog.clone());
         Ok(Agent { graph, gateway, services, catalog })
     }
@@ -263,7 +274,10 @@ impl Agent {
                 let outcome = self.graph.run(thread_id, update, options.run_options()).await?;
                 Ok(Self::result(outcome, before))
             }
-            GatewayAction::Resume { resume, .. } => {
+            GatewayAction::Resume { mut resume, .. } => {
+                if let Some(interrupt) = &pending {
+                    self.attach_plan_edit(thread_id, interrupt, &mut resume.answer);
+                }
                 let outcome = self.graph.resume(thread_id, resume, options.run_options()).await?;
                 Ok(Self::result(outcome, before))
             }
@@ -294,6 +308,7 @@ impl Agent {
         if let (true, Some(edit)) = (approved, edit) {
             answer["edit"] = edit;
         }
+        self.attach_plan_edit(thread_id, interrupt, &mut answer);
         let outcome = self.graph.resume(thread_id, Resume::to(interrupt, answer), options.run_options()).await?;
         Ok(Self::result(outcome, before))
     }
@@ -304,6 +319,23 @@ impl Agent {
         let before = self.graph.get_state(thread_id).await?.map_or(0, |snapshot| snapshot.state.messages.len());
         let outcome = self.graph.continue_run(thread_id, options.run_options()).await?;
         Ok(Self::result(outcome, before))
+    }
+
+    /// A plan approval takes a plan editor's `modified_execution_plan.json` as the approved
+    /// edit, read when the answer is given and stored with it: a crash and redelivery run the
+    /// same plan, and a file changed later changes nothing. An unreadable file becomes an edit
+    /// the orchestrator refuses (re-plans), never a silent fallback to the original plan.
+    fn attach_plan_edit(&self, thread_id: &str, interrupt: &PendingInterrupt, answer: &mut Value) {
+        let approved = answer.get("approved").and_then(Value::as_bool) == Some(true);
+        let is_plan = interrupt.payload.get("approval_type").and_then(Value::as_str) == Some(PLAN_APPROVAL_TYPE);
+        if !approved || !is_plan || answer.get("edit").is_some() {
+            return;
+        }
+        match PendingPlans::for_thread(&self.services.settings.agent_data_dir, thread_id).load_modified_value() {
+            Ok(Some(edit)) => answer["edit"] = edit,
+            Ok(None) => {}
+            Err(problem) => answer["edit"] = Value::String(problem),
+        }
     }
 
     fn result(outcome: RunOutcome<AgentState>, messages_before: usize) -> TurnResult {

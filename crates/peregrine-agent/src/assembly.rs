@@ -28,6 +28,11 @@ pub enum AssemblyError {
     /// An infrastructure node and a capability share a name.
     #[error("'{0}' is both an infrastructure node and a capability; rename one of them")]
     NameClash(String),
+    /// An agent without a checkpointer could not keep conversations or approvals.
+    #[error(
+        "the agent needs a checkpointer: conversations and approvals live in it; use AgentBuilder::checkpointer (MemoryCheckpointer for tests)"
+    )]
+    MissingCheckpointer,
     /// A framework capability could not be registered.
     #[error(transparent)]
     Registry(peregrine_core::RegistryError),

@@ -52,7 +52,8 @@ pub enum CommandError {
 
 /// Splits `text` into leading slash commands and the message. Only input that starts with `/`
 /// has commands; every leading token that starts with `/` is one, and the first token that
-/// does not starts the message (so `/planning compare /dev/null` keeps `/dev/null` as text).
+/// does not starts the message (so `/planning compare /dev/null` keeps `/dev/null` as text). A
+/// token with a second slash is a path and starts the message (`/usr/bin/python crashed`).
 pub fn parse_input(text: &str) -> Result<ParsedInput, CommandError> {
     let trimmed = text.trim();
     if !trimmed.starts_with('/') {
@@ -60,7 +61,9 @@ pub fn parse_input(text: &str) -> Result<ParsedInput, CommandError> {
     }
     let mut commands = Vec::new();
     let mut rest = trimmed;
-    while let Some(token) = rest.split_whitespace().next().filter(|token| token.starts_with('/')) {
+    // A token with a second slash is a path ("/usr/bin/python crashed"), not a command.
+    let is_command = |token: &&str| token.starts_with('/') && !token[1..].contains('/');
+    while let Some(token) = rest.split_whitespace().next().filter(is_command) {
         commands.push(parse_command(token)?);
         rest = rest[rest.find(token).map_or(rest.len(), |at| at + token.len())..].trim_start();
     }
@@ -211,11 +214,14 @@ mod tests {
         let only = parse_input("/chat:state_manager").expect("parses");
         assert_eq!((only.commands, only.message), (vec![command("chat", Some("state_manager"))], String::new()));
         assert_eq!(parse_input("/Planning:ON x").expect("parses").commands, vec![command("planning", Some("ON"))]);
+        let path = parse_input("/usr/bin/python crashed again").expect("a path is text");
+        assert!(path.commands.is_empty());
+        assert_eq!(path.message, "/usr/bin/python crashed again");
     }
 
     #[test]
     fn malformed_commands_are_refused_with_the_syntax() {
-        for bad in ["/ hello", "/9lives", "/foo-bar", "/planning:", "/a/b"] {
+        for bad in ["/ hello", "/9lives", "/foo-bar", "/planning:"] {
             let error = parse_input(bad).expect_err(bad);
             assert!(error.to_string().contains("/name or /name:value"), "{bad}: {error}");
         }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use peregrine_core::state::session_keys;
-use peregrine_core::{AgentControl, AgentState, AgentStateUpdate, EventSink, Message, TurnStart};
+use peregrine_core::{AgentControl, AgentState, AgentStateUpdate, ApprovalMode, EventSink, Message, TurnStart};
 use peregrine_graph::{PendingInterrupt, Resume};
 use peregrine_llm::{CallOptions, ChatMessage, roles};
 use schemars::JsonSchema;
@@ -102,6 +102,16 @@ pub enum GatewayError {
         name: String,
         /// The direct-chat capabilities.
         available: String,
+    },
+    /// `/approval` asked for fewer approvals than the configuration requires.
+    #[error(
+        "/approval cannot lower approvals to {requested:?}: the configuration sets approval.global_mode to {configured:?} and does not allow chats to lower it (approval.allow_chat_override)"
+    )]
+    ApprovalOverride {
+        /// What was asked for.
+        requested: ApprovalMode,
+        /// What the configuration sets.
+        configured: ApprovalMode,
     },
     /// A command while an approval is pending.
     #[error("an approval is pending, so /{command} cannot run now: answer yes or no first (/help and /exit still work)")]
@@ -211,7 +221,7 @@ impl Gateway {
                     }
                 },
                 Some(Builtin::Planning) => control.planning_mode_enabled = commands::switch_value(command)?,
-                Some(Builtin::Approval) => control.approval_mode = commands::approval_value(command)?,
+                Some(Builtin::Approval) => control.approval_mode = self.approval_mode(command)?,
                 Some(Builtin::Task) => control.task_extraction_bypass_enabled = !commands::switch_value(command)?,
                 Some(Builtin::Caps) => control.capability_selection_bypass_enabled = !commands::switch_value(command)?,
                 None => {
@@ -242,8 +252,30 @@ impl Gateway {
             }
         }
         let detection = self.detect_approval(text, events).await;
-        let resume = Resume::to(interrupt, serde_json::json!({ "approved": detection.approved }));
+        let mut answer = serde_json::json!({ "approved": detection.approved });
+        if detection.method != ApprovalMethod::Keyword {
+            // "no, use Oslo instead": a node that asks again takes the words into account.
+            answer["feedback"] = Value::String(text.trim().to_owned());
+        }
+        let resume = Resume::to(interrupt, answer);
         Ok(GatewayAction::Resume { resume, approved: detection.approved, method: detection.method })
+    }
+
+    /// The approval mode `/approval` asks for; it may only ask for more approvals than the
+    /// configuration unless `approval.allow_chat_override` is set (a chat must not switch off
+    /// what the operator requires).
+    fn approval_mode(&self, command: &SlashCommand) -> Result<ApprovalMode, GatewayError> {
+        let requested = commands::approval_value(command)?;
+        let approval = &self.services.settings.approval;
+        let strictness = |mode: ApprovalMode| match mode {
+            ApprovalMode::Disabled => 0,
+            ApprovalMode::Selective => 1,
+            ApprovalMode::AllCapabilities => 2,
+        };
+        if strictness(requested) < strictness(approval.global_mode) && !approval.allow_chat_override {
+            return Err(GatewayError::ApprovalOverride { requested, configured: approval.global_mode });
+        }
+        Ok(requested)
     }
 
     /// Session keys the interface's session changes (user, interface).
@@ -346,7 +378,7 @@ impl Gateway {
 
 #[cfg(test)]
 mod tests {
-    use peregrine_core::{ApprovalMode, CapabilitySpec};
+    use peregrine_core::CapabilitySpec;
     use peregrine_graph::payload_digest;
     use peregrine_llm::{FakeProvider, LlmClient, LlmConfig, LlmErrorKind};
 
@@ -427,7 +459,10 @@ mod tests {
         assert_eq!((resume.interrupt_id.as_str(), resume.payload_digest.as_str()), ("int-1", interrupt.digest.as_str()));
         assert_eq!(resume.answer, serde_json::json!({"approved": true}));
         let rejected = gateway.process(None, Some(&interrupt), "hmm, change step 2", &Session::default(), None).await.expect("answer");
-        assert!(matches!(rejected, GatewayAction::Resume { approved: false, method: ApprovalMethod::Llm, .. }));
+        let GatewayAction::Resume { resume, approved: false, method: ApprovalMethod::Llm } = rejected else {
+            panic!("expected an LLM-read rejection, got {rejected:?}")
+        };
+        assert_eq!(resume.answer, serde_json::json!({"approved": false, "feedback": "hmm, change step 2"}), "the words travel with it");
         let command = gateway.process(None, Some(&interrupt), "/planning:off", &Session::default(), None).await;
         assert!(matches!(command, Err(GatewayError::ApprovalPending { .. })), "{command:?}");
         let help = gateway.process(None, Some(&interrupt), "/help", &Session::default(), None).await.expect("help");
@@ -437,6 +472,14 @@ mod tests {
     #[tokio::test]
     async fn turn_commands_take_effect_for_the_turn() {
         let gateway = gateway(approving(true).client());
+        let refused = run(&gateway, None, "/approval:off What is the current?").await.expect_err("lowering is refused by default");
+        assert!(refused.to_string().contains("approval.allow_chat_override"), "{refused}");
+        let stricter = run(&gateway, None, "/approval What is the current?").await.expect("raising is allowed");
+        let GatewayAction::Run(update) = stricter else { panic!("expected a run") };
+        assert_eq!(update.new_turn.expect("turn").agent_control.approval_mode, ApprovalMode::AllCapabilities);
+        let mut settings = AgentSettings::default();
+        settings.approval.allow_chat_override = true;
+        let gateway = Gateway::new(Services::new(Arc::new(approving(true).client()), settings), catalog());
         let action = run(&gateway, None, "/planning /approval:off /task:off /caps:off /beam:fast What is the current?").await.expect("run");
         let GatewayAction::Run(update) = action else { panic!("expected a run, got {action:?}") };
         let turn = update.new_turn.expect("a new turn");

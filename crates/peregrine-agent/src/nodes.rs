@@ -91,6 +91,7 @@ pub fn approval_answer(ctx: &NodeContext<AgentState>) -> Option<ApprovalAnswer> 
         payload: record.payload.get("resume_payload").cloned().unwrap_or(serde_json::Value::Null),
         delivery: record.delivery,
         edit: if approved { record.answer.get("edit").filter(|edit| !edit.is_null()).cloned() } else { None },
+        feedback: record.answer.get("feedback").and_then(serde_json::Value::as_str).map(str::to_owned),
     })
 }
 

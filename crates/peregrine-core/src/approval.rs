@@ -96,6 +96,9 @@ pub struct ApprovalConfig {
     pub global_mode: ApprovalMode,
     /// Per-capability settings, read in `selective` mode.
     pub capabilities: CapabilityApprovals,
+    /// Whether a chat's `/approval` may ask for *fewer* approvals than `global_mode` (it may
+    /// always ask for more). Off by default: the operator's policy holds.
+    pub allow_chat_override: bool,
 }
 
 /// Whether an action needs a person's approval, and why.

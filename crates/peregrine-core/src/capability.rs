@@ -145,6 +145,10 @@ pub struct ApprovalAnswer {
     /// the node validates it like any other untrusted input before using it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edit: Option<Value>,
+    /// What the person said with the answer, when it was more than a yes or no ("no, use
+    /// Oslo"): a node that asks again (a re-plan) takes it into account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedback: Option<String>,
 }
 
 impl ApprovalAnswer {

@@ -367,9 +367,12 @@ async fn acceptance_case_20_a_critical_failure_ends_in_the_error_report() {
         .on_schema("ExtractedTask", extracted("Get the current weather in Prague", false))
         .on_schema("CapabilitySelection", selection(&["current_weather"]))
         .on_schema("ExecutionPlan", Reply::json(weather_plan("Prague", "weather_prague")))
-        .on_schema("LocationExtraction", Reply::fault(Fault::Unauthorized))
+        .on_schema(
+            "LocationExtraction",
+            Reply::sequence(vec![Reply::fault(Fault::Unauthorized), Reply::json(json!({"location": "Prague"}))]),
+        )
         .on_prompt_containing("error analysis", Reply::text("The weather service's model refused the credentials."))
-        .on_plain(Reply::text("unused"));
+        .on_plain(Reply::text("Mild and rainy in Prague."));
     let h = harness(script, ClassifierMode::Batched).await;
     let result = h.send("t", "What's the weather in Prague?").await;
     assert_eq!(result.status, TurnStatus::Failed);
@@ -378,8 +381,9 @@ async fn acceptance_case_20_a_critical_failure_ends_in_the_error_report() {
         assert!(report.contains(needle), "missing {needle:?} in {report}");
     }
     assert_eq!(h.calls("LocationExtraction").len(), 1, "a CRITICAL failure is not retried");
-    let next = h.send("t", "hello").await;
-    assert!(matches!(next.status, TurnStatus::Completed | TurnStatus::Failed), "the thread stays usable");
+    let next = h.send("t", "What's the weather in Prague?").await;
+    assert_eq!(next.status, TurnStatus::Completed, "the thread stays usable: {:?}", next.response);
+    assert_eq!(next.response.as_deref(), Some("Mild and rainy in Prague."));
 }
 
 fn memory_script(content: &str) -> Script {

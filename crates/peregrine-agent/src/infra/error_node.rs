@@ -22,6 +22,9 @@ use crate::nodes::{InfrastructureNode, NodeEvents};
 use crate::router::ERROR;
 use crate::services::Services;
 
+/// How long the error node waits for its analysis before using [`FALLBACK_ANALYSIS`].
+pub const ANALYSIS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// The analysis shown when the LLM explanation cannot be had.
 pub const FALLBACK_ANALYSIS: &str = "Error details are provided in the structured report above.";
 
@@ -211,7 +214,14 @@ impl ErrorNode {
         let prompt = self.prompts.analysis_prompt(summary, &self.catalog.overview());
         let events = NodeEvents(ctx);
         let options = CallOptions { events: Some(&events), component: Some(ERROR) };
-        match self.services.llm.complete(roles::RESPONSE, vec![ChatMessage::user(prompt)], options).await {
+        // The report must come out even when the model is what failed: the analysis gets a
+        // short deadline of its own instead of the provider's timeout and retries.
+        let call = self.services.llm.complete(roles::RESPONSE, vec![ChatMessage::user(prompt)], options);
+        let Ok(result) = tokio::time::timeout(ANALYSIS_DEADLINE, call).await else {
+            tracing::warn!(deadline = ?ANALYSIS_DEADLINE, "the error analysis took too long; using the fallback text");
+            return FALLBACK_ANALYSIS.to_owned();
+        };
+        match result {
             Ok(response) if !response.content.trim().is_empty() => truncate(response.content.trim(), MAX_ANALYSIS_CHARS).into_owned(),
             Ok(_) => {
                 tracing::warn!("the error analysis came back empty; using the fallback text");

@@ -45,10 +45,10 @@ pub struct Orchestrator {
 /// Where an approved plan came from; edits are untrusted and re-validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ApprovedSource {
-    /// An edited plan sent with the approval.
+    /// An edited plan sent with the approval (the agent attaches a plan editor's
+    /// `modified_execution_plan.json` here when the answer is given, so it is stored with the
+    /// answer and redelivered unchanged after a crash).
     Edit,
-    /// `modified_execution_plan.json`, written by a plan editor.
-    ModifiedFile,
     /// The plan shown in the approval request.
     Payload,
 }
@@ -57,7 +57,6 @@ impl ApprovedSource {
     fn describe(self) -> &'static str {
         match self {
             Self::Edit => "the edited plan sent with the approval",
-            Self::ModifiedFile => "the edited plan in modified_execution_plan.json",
             Self::Payload => "the approved plan",
         }
     }
@@ -226,8 +225,9 @@ impl Orchestrator {
         }))
     }
 
-    /// The approved plan: an edit sent with the approval, else an edited plan file, else the
-    /// plan that was shown; validated again (edits are untrusted input), with no LLM call.
+    /// The approved plan: an edit sent with the approval, else the plan that was shown;
+    /// validated again (edits are untrusted input), with no LLM call. The node never reads the
+    /// plan files itself: a file changed after the answer must not change what runs.
     fn use_approved_plan(
         &self,
         state: &AgentState,
@@ -235,14 +235,14 @@ impl Orchestrator {
         answer: &ApprovalAnswer,
         pending: &PendingPlans,
     ) -> Result<CapabilityOutcome, CapabilityError> {
-        let result = approved_plan(answer, pending);
+        let result = approved_plan(answer);
         clear_pending(pending);
         let (plan, source) = result?;
         let task = state.task.current_task.as_deref().unwrap_or_default();
         let plan = self.validate(plan, task, state).map_err(|error| {
             let classification = match source {
                 ApprovedSource::Payload => error.classification(),
-                ApprovedSource::Edit | ApprovedSource::ModifiedFile => invalid_edit(source, &error.to_string()),
+                ApprovedSource::Edit => invalid_edit(source, &error.to_string()),
             };
             CapabilityError::from_error(error).classified(classification)
         })?;
@@ -251,19 +251,14 @@ impl Orchestrator {
     }
 }
 
-/// Picks the approved plan's source (edit, edited file, payload) and parses it.
-fn approved_plan(answer: &ApprovalAnswer, pending: &PendingPlans) -> Result<(ExecutionPlan, ApprovedSource), CapabilityError> {
+/// Picks the approved plan's source (edit or payload) and parses it.
+fn approved_plan(answer: &ApprovalAnswer) -> Result<(ExecutionPlan, ApprovedSource), CapabilityError> {
     let unusable = |source: ApprovedSource, problem: String| {
         CapabilityError::new(format!("{} cannot be used: {problem}", source.describe())).classified(invalid_edit(source, &problem))
     };
     if let Some(edit) = &answer.edit {
         let plan = parse_plan(edit.clone()).map_err(|problem| unusable(ApprovedSource::Edit, problem))?;
         return Ok((plan, ApprovedSource::Edit));
-    }
-    match pending.load_modified() {
-        Ok(Some(plan)) => return Ok((plan, ApprovedSource::ModifiedFile)),
-        Ok(None) => {}
-        Err(problem) => return Err(unusable(ApprovedSource::ModifiedFile, problem)),
     }
     let shown = answer.payload.get("execution_plan").cloned().unwrap_or(Value::Null);
     let plan = parse_plan(shown).map_err(|problem| unusable(ApprovedSource::Payload, problem))?;

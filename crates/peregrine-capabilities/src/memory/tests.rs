@@ -110,7 +110,7 @@ fn stored_context(outcome: CapabilityOutcome) -> MemoryContext {
 }
 
 fn answer(payload: Value, approved: bool, delivery: u32) -> ApprovalAnswer {
-    ApprovalAnswer { approval_type: MEMORY_SAVE_APPROVAL.into(), approved, payload, delivery, edit: None }
+    ApprovalAnswer { approval_type: MEMORY_SAVE_APPROVAL.into(), approved, payload, delivery, edit: None, feedback: None }
 }
 
 fn expected_payload() -> Value {

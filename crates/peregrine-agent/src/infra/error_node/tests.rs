@@ -196,3 +196,33 @@ fn truncation_counts_characters() {
     assert_eq!(truncate("ééé", 5), "ééé");
     assert_eq!(truncate("ééééé", 2), "éé… [3 more characters truncated]");
 }
+
+/// A provider that never answers (a hung model server).
+struct Hanging;
+
+impl peregrine_llm::LlmProvider for Hanging {
+    fn name(&self) -> &str {
+        "hanging"
+    }
+    fn features(&self) -> peregrine_llm::ProviderFeatures {
+        peregrine_llm::ProviderFeatures::default()
+    }
+    async fn complete(&self, _request: ChatRequest) -> Result<peregrine_llm::ChatResponse, LlmError> {
+        std::future::pending().await
+    }
+    async fn stream(&self, _request: ChatRequest) -> Result<peregrine_llm::EventStream, LlmError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_model_cannot_hold_up_the_report() {
+    let (_, fake) = node(|_| Ok("unused".into()));
+    let client = fake.client().with_provider("fake", Hanging);
+    let catalog = Catalog::new(vec![CapabilitySpec::new("respond", "Answer the user")]);
+    let node = ErrorNode::new(Services::new(Arc::new(client), AgentSettings::default()), Arc::new(catalog));
+    let started = tokio::time::Instant::now();
+    let text = message_of(node.execute(&failed_state("boom"), &NodeContext::standalone("t", ERROR)).await.expect("never fails"));
+    assert!(text.ends_with(&format!("**Analysis:** {FALLBACK_ANALYSIS}")), "{text}");
+    assert_eq!(started.elapsed(), ANALYSIS_DEADLINE, "the report waits for the analysis exactly as long as its deadline");
+}

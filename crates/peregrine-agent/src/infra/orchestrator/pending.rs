@@ -78,6 +78,18 @@ impl PendingPlans {
         Ok(path)
     }
 
+    /// The edited plan file as JSON, if a plan editor wrote one (`Ok(None)` when absent). Text
+    /// that is not JSON comes back as a JSON string, so validation reports it as an unusable
+    /// edit instead of it being ignored.
+    pub fn load_modified_value(&self) -> Result<Option<Value>, String> {
+        let path = self.modified_path();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Ok(Some(serde_json::from_str(&text).unwrap_or(Value::String(text)))),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(format!("cannot read {}: {error}", path.display())),
+        }
+    }
+
     /// The edited plan, if a plan editor wrote one: `Ok(None)` when absent, an error naming the
     /// file when it cannot be read or is not a plan (`__metadata__` is ignored).
     pub fn load_modified(&self) -> Result<Option<ExecutionPlan>, String> {

@@ -358,15 +358,18 @@ async fn an_edit_sent_with_the_approval_is_validated_and_used() {
 }
 
 #[tokio::test]
-async fn an_edited_plan_file_is_preferred_over_the_payload() {
+async fn a_plan_file_changed_after_the_answer_does_not_change_what_runs() {
+    // The agent attaches an editor's file to the answer when the answer is given; a file that
+    // appears later (e.g. while the answer is redelivered after a crash) is ignored.
     let f = answering(json!({"steps": [step("p", "python", json!([]))]}));
     let request = ask_for_approval(&f).await;
     let pending = PendingPlans::for_thread(f.dir.path(), "thread-1");
     let modified = json!({"__metadata__": {"edited_by": "plan editor"}, "steps": [step("only", "clarify", json!([]))]});
     std::fs::write(pending.modified_path(), modified.to_string()).expect("write edited plan");
+    assert_eq!(pending.load_modified_value().expect("readable"), Some(modified));
     let (plan, _) = planned(f.orchestrator.execute(&planning_state(), &resumed(&request, json!(true))).await.expect("approved"));
-    assert_eq!(capabilities(&plan), ["clarify"]);
-    assert!(!pending.modified_path().exists() && !pending.pending_path().exists());
+    assert_eq!(capabilities(&plan), ["python", "respond"], "the plan that was approved runs");
+    assert!(!pending.modified_path().exists() && !pending.pending_path().exists(), "the files are cleared");
     assert_eq!(f.fake.requests().len(), 1);
 }
 
