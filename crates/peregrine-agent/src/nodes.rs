@@ -106,7 +106,10 @@ fn interrupt_for(request: ApprovalRequest, ctx: &NodeContext<AgentState>, compon
         "user_message": request.user_message,
         "resume_payload": request.payload,
     });
-    Ok(NodeOutput::Interrupt { payload, update: AgentStateUpdate::default() })
+    // Asking is not failing: an error this node recovered from (a retried call, an invalid
+    // edit re-planned) is over once it asks, so the paused state shows none.
+    let update = AgentStateUpdate { control: cleared_errors(), ..AgentStateUpdate::default() };
+    Ok(NodeOutput::Interrupt { payload, update })
 }
 
 /// The last result of a successful execution.

@@ -2,6 +2,7 @@
 //! is a closure of (state, call number), call recorders, and a ready-made agent graph with no
 //! LLM, for exercising the router, wrappers and engine end to end.
 
+pub mod agent_fixture;
 pub mod llm_server;
 pub mod scripted;
 
