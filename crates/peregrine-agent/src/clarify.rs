@@ -38,7 +38,7 @@ pub struct ClarifyingQuestionsResponse {
 /// What the clarification prompt is built from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClarificationContext {
-    /// The formatted chat history.
+    /// The recent chat history within the history budget (`AgentSettings::prompt_history_chars`).
     pub chat_history: String,
     /// The user's latest message.
     pub user_query: String,
@@ -178,7 +178,7 @@ impl ClarifyCapability {
     /// What the prompt is built from for `step`.
     pub fn clarification_context(&self, state: &AgentState, step: &PlannedStep, instruction: &str) -> ClarificationContext {
         ClarificationContext {
-            chat_history: format_chat_history(&state.messages),
+            chat_history: format_chat_history(&state.messages, self.services.settings.prompt_history_chars),
             user_query: state.user_query().unwrap_or_default().to_owned(),
             instruction: instruction.to_owned(),
             available_context: state.capability_context_data.summaries(Some(step)),
@@ -328,6 +328,34 @@ mod tests {
         assert!(prompt.contains("Bad question: \"What do you need help with?\""));
         assert!(prompt.contains("Available context data:\n- TIME_RANGE (tr): {\"start\":\"08:00\"}"), "{prompt}");
         assert!(!prompt.contains("SR:VAC"), "only the step's inputs");
+    }
+
+    #[tokio::test]
+    async fn the_prompt_carries_only_the_recent_history_within_the_budget() {
+        let provider = answering(json!({"reason": "vague", "questions": ["Which system?"]}));
+        let settings = AgentSettings { prompt_history_chars: 200, ..AgentSettings::default() };
+        let clarify = ClarifyCapability::new(
+            Services::new(Arc::new(provider.client()), settings),
+            Arc::new(Catalog::new(vec![ClarifyCapability::default_spec()])),
+        );
+        let mut state = AgentState::default();
+        for index in 0..30 {
+            state.messages.push(Message::user(format!("old request {index:02} {}", "r".repeat(40))));
+            state.messages.push(Message::assistant(format!("old answer {index:02} {}", "a".repeat(40))));
+        }
+        state.messages.push(Message::user("show me some data"));
+        run(&clarify, &state, &clarify_step(Vec::new())).await.expect("asks");
+        let prompt = provider.requests_for("ClarifyingQuestionsResponse")[0].messages[0].content.clone();
+        let history = prompt
+            .split("CONVERSATION HISTORY:\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n\nUSER'S ORIGINAL QUERY:").next())
+            .expect("a history section");
+        assert!(history.chars().count() <= 240, "{history}");
+        assert!(history.starts_with('(') && history.contains(" earlier messages omitted)\n"), "{history}");
+        assert!(history.ends_with("\nUser: show me some data"), "{history}");
+        assert!(!history.contains("old request 00"));
+        assert!(prompt.contains("USER'S ORIGINAL QUERY:\n\"show me some data\""));
     }
 
     #[tokio::test]

@@ -10,6 +10,7 @@ pub mod clarify;
 pub mod commands;
 pub mod datasource;
 pub mod gateway;
+pub mod history;
 pub mod infra;
 pub mod nodes;
 pub mod respond;

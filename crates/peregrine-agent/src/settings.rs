@@ -1,12 +1,14 @@
 //! Framework settings every node reads: per-turn defaults, approval policy, limits, the
-//! facility's timezone, the agent data directory and the classifier's mode. The CLI fills them
-//! from `config.yml`; applications and tests build them directly.
+//! facility's timezone, the agent data directory, the classifier's mode and the prompt-history
+//! budget. The CLI fills them from `config.yml`; applications and tests build them directly.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use peregrine_core::{AgentControl, ApprovalConfig, ExecutionLimits};
 use serde::{Deserialize, Serialize};
+
+use crate::history::DEFAULT_PROMPT_HISTORY_CHARS;
 
 /// How the classifier decides which capabilities a task needs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,6 +39,12 @@ pub struct AgentSettings {
     pub classifier_mode: ClassifierMode,
     /// How long task extraction waits for all data sources together (upstream: 30 s).
     pub data_source_timeout: Duration,
+    /// How many characters of conversation history a prompt may carry (default 24 000, about
+    /// 6 000 tokens): task extraction, the orchestrator, clarify, respond and memory show the
+    /// most recent messages that fit, always with the latest user message (cut with a marker
+    /// when it alone is longer), and say how many earlier messages were left out. 0 means no
+    /// history: prompts carry only the latest user message.
+    pub prompt_history_chars: usize,
 }
 
 impl Default for AgentSettings {
@@ -49,6 +57,7 @@ impl Default for AgentSettings {
             agent_data_dir: PathBuf::from("_agent_data"),
             classifier_mode: ClassifierMode::default(),
             data_source_timeout: Duration::from_secs(30),
+            prompt_history_chars: DEFAULT_PROMPT_HISTORY_CHARS,
         }
     }
 }
@@ -62,5 +71,16 @@ impl AgentSettings {
     /// The switches a new turn starts with, before slash commands.
     pub fn turn_defaults(&self) -> AgentControl {
         AgentControl { approval_mode: self.approval.global_mode, ..self.agent_control.clone() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_history_budget_is_about_six_thousand_tokens() {
+        assert_eq!(AgentSettings::default().prompt_history_chars, 24_000);
+        assert_eq!(AgentSettings::with_data_dir("/data").prompt_history_chars, DEFAULT_PROMPT_HISTORY_CHARS);
     }
 }

@@ -13,17 +13,18 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use peregrine_agent::Services;
+use peregrine_agent::respond::format_chat_history;
 use peregrine_core::events::StatusLevel;
 use peregrine_core::{
     AgentEvent, ApprovalAnswer, ApprovalDecision, ApprovalRequest, Capability, CapabilityError, CapabilityInput, CapabilityOutcome,
-    CapabilitySpec, ContextType, ErrorClassification, Message, Role, approval_message,
+    CapabilitySpec, ContextType, ErrorClassification, approval_message,
 };
 use peregrine_llm::{CallOptions, LlmError, roles};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-pub use datasource::{USER_MEMORY_SOURCE, USER_MEMORY_TITLE, UserMemoryDataSource, format_memories};
+pub use datasource::{MAX_RETRIEVED_MEMORIES, USER_MEMORY_SOURCE, USER_MEMORY_TITLE, UserMemoryDataSource, format_memories};
 pub use prompts::{
     DefaultMemoryPrompts, ExtractionRequest, MemoryPrompts, default_classifier_guide, default_extraction_messages,
     default_operation_messages, default_orchestrator_guide,
@@ -157,7 +158,9 @@ impl MemoryCapability {
     }
 
     async fn extract(&self, input: &CapabilityInput<'_>) -> Result<String, CapabilityError> {
-        let chat_history = format_chat_history(&input.state.messages);
+        // Only the recent conversation, within the history budget: a long thread must not
+        // overflow the extraction prompt.
+        let chat_history = format_chat_history(&input.state.messages, self.services.settings.prompt_history_chars);
         let step_inputs = input
             .state
             .capability_context_data
@@ -322,22 +325,6 @@ fn edited_content(edit: &Value) -> Result<String, CapabilityError> {
         CapabilityError::new(format!("the edited memory content is not usable text: {edit}"))
             .classified(ErrorClassification::retriable("The edited memory content was empty or not text; nothing was saved, asking again"))
     })
-}
-
-/// The conversation as the extraction prompt shows it.
-fn format_chat_history(messages: &[Message]) -> String {
-    messages
-        .iter()
-        .map(|message| {
-            let author = match message.role {
-                Role::User => "User",
-                Role::Assistant => "Assistant",
-                Role::System => "System",
-            };
-            format!("{author}: {}", message.content)
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 fn critical(message: impl Into<String>) -> CapabilityError {

@@ -103,7 +103,8 @@ impl ContextType for TimeRangeContext {
             "type": "Time Range",
             "start_date": self.start_date.to_rfc3339(),
             "end_date": self.end_date.to_rfc3339(),
-            "timezone": self.timezone_name,
+            // The field's own name, which respond looks for to add its timezone note.
+            "timezone_name": self.timezone_name,
             "duration": human_duration(self.duration()),
         })
     }

@@ -320,6 +320,7 @@ async fn acceptance_case_13_unclear_answers_go_to_the_approval_model() {
     let answered = h.send("t", "hmm, not like this").await;
     assert_eq!(h.calls("ApprovalResponse").len(), 1);
     assert_eq!(answered.status, TurnStatus::Interrupted, "a rejection re-plans and asks again");
+    assert!(last_prompt(&h.calls("ExecutionPlan")).contains("\"hmm, not like this\""), "the words reach the new plan");
     assert!(h.calls("LocationExtraction").is_empty());
 }
 

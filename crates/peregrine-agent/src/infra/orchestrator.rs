@@ -42,6 +42,12 @@ pub struct Orchestrator {
     prompts: Arc<dyn OrchestratorPrompts>,
 }
 
+/// A plan the person rejected, and what they said.
+struct Rejection {
+    plan: ExecutionPlan,
+    feedback: Option<String>,
+}
+
 /// Where an approved plan came from; edits are untrusted and re-validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ApprovedSource {
@@ -117,17 +123,18 @@ impl Orchestrator {
 
     async fn run(&self, state: &AgentState, ctx: &NodeContext<AgentState>) -> Result<CapabilityOutcome, CapabilityError> {
         // An answer to our own plan approval comes first: an approved plan is used as is.
-        let mut rejected_plan = None;
+        let mut rejection = None;
         if let Some(answer) = approval_answer(ctx).filter(|answer| answer.approval_type == PLAN_APPROVAL_TYPE) {
             let pending = self.pending_plans(ctx);
             if answer.approved {
                 return self.use_approved_plan(state, ctx, &answer, &pending);
             }
             clear_pending(&pending);
-            rejected_plan = answer.payload.get("execution_plan").cloned().and_then(|plan| parse_plan(plan).ok());
+            let plan = answer.payload.get("execution_plan").cloned().and_then(|plan| parse_plan(plan).ok());
+            rejection = plan.map(|plan| Rejection { plan, feedback: answer.feedback.clone() });
             tracing::info!(thread = ctx.thread_id(), "plan rejected; planning again");
         }
-        self.plan(state, ctx, rejected_plan.as_ref()).await
+        self.plan(state, ctx, rejection.as_ref()).await
     }
 
     /// Plans with one LLM call; in planning mode, asks for approval of the validated plan.
@@ -135,7 +142,7 @@ impl Orchestrator {
         &self,
         state: &AgentState,
         ctx: &NodeContext<AgentState>,
-        rejected_plan: Option<&ExecutionPlan>,
+        rejection: Option<&Rejection>,
     ) -> Result<CapabilityOutcome, CapabilityError> {
         let Some(task) = state.task.current_task.as_deref().filter(|task| !task.trim().is_empty()) else {
             return Err(CapabilityError::new("the orchestrator ran without a task")
@@ -157,7 +164,9 @@ impl Orchestrator {
             state,
             capabilities: &active,
             error: state.control.error_info.as_ref().map(|info| &info.classification),
-            rejected_plan,
+            rejected_plan: rejection.map(|rejection| &rejection.plan),
+            rejection_feedback: rejection.and_then(|rejection| rejection.feedback.as_deref()),
+            history_chars: self.services.settings.prompt_history_chars,
         };
         let prompt = self.prompts.planning_prompt(&input);
         let schema = schema::plan_schema(&self.allowed_names(&active));

@@ -2,7 +2,8 @@
 //! classifier and orchestrator. It first asks the data sources for context (concurrently, under
 //! one overall timeout; a failing or slow source only means less context), then makes one
 //! structured `ExtractedTask` call — or none with `/task:off`, where the task is the retrieved
-//! data plus the whole formatted history.
+//! data plus the formatted history. Both show the most recent messages within the history
+//! budget (`AgentSettings::prompt_history_chars`), so a long thread never overflows the model.
 
 mod prompts;
 
@@ -21,8 +22,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use self::prompts::{
-    DefaultTaskExtractionPrompts, ExampleMessage, TaskExtractionExample, TaskExtractionPrompts, default_build, default_examples,
-    format_examples, format_history, format_retrieved_data,
+    DefaultTaskExtractionPrompts, ExampleMessage, TaskExtractionExample, TaskExtractionInput, TaskExtractionPrompts, default_build,
+    default_examples, format_examples, format_history, format_retrieved_data,
 };
 use crate::datasource::{DataSource, DataSourceRequest, RetrievedData};
 use crate::nodes::{InfrastructureNode, NodeEvents};
@@ -102,9 +103,12 @@ impl TaskExtraction {
         retrieved.into_iter().map(|(_, data)| data).collect()
     }
 
-    /// The task without an LLM call (`/task:off`): retrieved data, then the whole history.
+    /// The task without an LLM call (`/task:off`): retrieved data, then the history within the
+    /// budget.
     fn bypass_task(&self, state: &AgentState, retrieved: &[RetrievedData]) -> TaskState {
-        let history = format!("Chat history:\n{}", format_history(&state.messages, self.services.settings.timezone));
+        let settings = &self.services.settings;
+        let now = Utc::now().with_timezone(&settings.timezone);
+        let history = format!("Chat history:\n{}", format_history(&state.messages, now, settings.prompt_history_chars));
         let task = match format_retrieved_data(retrieved) {
             Some(data) => format!("{data}\n\n{history}"),
             None => history,
@@ -119,8 +123,10 @@ impl TaskExtraction {
         retrieved: &[RetrievedData],
         ctx: &NodeContext<AgentState>,
     ) -> Result<TaskState, CapabilityError> {
-        let now = Utc::now().with_timezone(&self.services.settings.timezone);
-        let messages = self.prompts.build(&state.messages, retrieved, now);
+        let settings = &self.services.settings;
+        let now = Utc::now().with_timezone(&settings.timezone);
+        let input = TaskExtractionInput { history: &state.messages, retrieved, now, history_chars: settings.prompt_history_chars };
+        let messages = self.prompts.build_prompt(&input);
         let sink = NodeEvents(ctx);
         let options = CallOptions { events: Some(&sink), component: Some(TASK_EXTRACTION) };
         let extracted: ExtractedTask =

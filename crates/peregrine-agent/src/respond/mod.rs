@@ -105,7 +105,7 @@ impl RespondCapability {
             execution_history: if conversational { Vec::new() } else { execution_history(state, step) },
             capabilities_overview: conversational.then(|| self.catalog.overview()),
             chat_history: (state.task.depends_on_chat_history && !shortened && !state.messages.is_empty())
-                .then(|| format_chat_history(&state.messages)),
+                .then(|| format_chat_history(&state.messages, self.services.settings.prompt_history_chars)),
             current_datetime: facility_datetime(now, self.services.settings.timezone),
             data_timezone,
             interface: Interface::from_name(state.interface()),

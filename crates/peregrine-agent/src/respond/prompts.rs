@@ -5,8 +5,10 @@
 
 use peregrine_core::plan::RESPOND;
 use peregrine_core::state::{Artifact, StepRecord};
-use peregrine_core::{InputRef, Message, OrchestratorExample, OrchestratorGuide, PlannedStep, Role};
+use peregrine_core::{InputRef, Message, OrchestratorExample, OrchestratorGuide, PlannedStep};
 use serde_json::Value;
+
+use crate::history::format_dialogue;
 
 /// How respond answers, decided from the step's inputs and the context store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +97,7 @@ pub struct ResponseContext {
     pub execution_history: Vec<StepRecord>,
     /// `- name: description` per capability, in conversational mode only.
     pub capabilities_overview: Option<String>,
-    /// The formatted chat history, when the task depends on it.
+    /// The recent chat history within the history budget, when the task depends on it.
     pub chat_history: Option<String>,
     /// Now in the facility timezone: `YYYY-MM-DD HH:MM ±HHMM (Zone)`.
     pub current_datetime: String,
@@ -291,20 +293,11 @@ pub fn format_execution_summary(history: &[StepRecord]) -> String {
         .join("\n")
 }
 
-/// The chat history as `User: …` / `Assistant: …` lines, oldest first.
-pub fn format_chat_history(messages: &[Message]) -> String {
-    messages
-        .iter()
-        .map(|message| {
-            let author = match message.role {
-                Role::User => "User",
-                Role::Assistant => "Assistant",
-                Role::System => "System",
-            };
-            format!("{author}: {}", message.content)
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+/// The recent chat history as `User: …` / `Assistant: …` lines, oldest first: the most recent
+/// messages within `history_chars` characters, after a `(N earlier messages omitted)` line when
+/// some were left out (see [`crate::history`]).
+pub fn format_chat_history(messages: &[Message], history_chars: usize) -> String {
+    format_dialogue(messages, history_chars)
 }
 
 /// Upstream's respond guide: priority 100 (printed last), with a technical and a

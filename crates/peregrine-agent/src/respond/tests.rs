@@ -183,6 +183,31 @@ async fn chat_history_is_included_only_when_the_task_depends_on_it() {
     );
 }
 
+#[test]
+fn a_long_chat_history_is_cut_to_the_history_budget() {
+    let mut state = AgentState::default();
+    for index in 0..50 {
+        state.messages.push(Message::user(format!("question {index:02} {}", "q".repeat(60))));
+        state.messages.push(Message::assistant(format!("answer {index:02} {}", "a".repeat(60))));
+    }
+    state.messages.push(Message::user("And the second one?"));
+    state.task.current_task = Some("And the second one?".into());
+    state.task.depends_on_chat_history = true;
+    let settings = AgentSettings { prompt_history_chars: 400, ..AgentSettings::default() };
+    let respond = RespondCapability::new(Services::new(Arc::new(answering("x").client()), settings), catalog());
+    let context = respond.response_context(&state, &respond_step(&[]), Utc::now());
+    let history = context.chat_history.expect("the task depends on the history");
+    assert!(history.chars().count() <= 440, "{history}");
+    let (note, rest) = history.split_once('\n').expect("a note line");
+    let omitted: usize = note.trim_start_matches('(').split(' ').next().and_then(|count| count.parse().ok()).expect("a count");
+    assert_eq!(note, format!("({omitted} earlier messages omitted)"));
+    assert_eq!(omitted + rest.lines().count(), 101, "every message is shown or counted");
+    assert!(rest.ends_with("Assistant: answer 49 aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\nUser: And the second one?"));
+    assert!(!history.contains("question 00"));
+    let prompt = DefaultResponsePrompts.build(&respond.response_context(&state, &respond_step(&[]), Utc::now()));
+    assert!(prompt.contains(&format!("CONVERSATION HISTORY:\n({omitted} earlier messages omitted)\n")));
+}
+
 #[tokio::test]
 async fn interface_guidelines_follow_the_session_interface() {
     let mut state = state_with_task("Plot it");

@@ -1,5 +1,7 @@
 //! `core_user_memory`: the user's saved memories offered to task extraction as a data source,
-//! so a task like "use my usual BPM" can be resolved from what the user saved before.
+//! so a task like "use my usual BPM" can be resolved from what the user saved before. Only the
+//! most recent [`MAX_RETRIEVED_MEMORIES`] are offered, so a long memory file cannot crowd the
+//! task-extraction prompt out of the model's context window.
 
 use peregrine_agent::{DataSource, DataSourceRequest, RetrievedData};
 use peregrine_core::capability::BoxFuture;
@@ -11,6 +13,9 @@ pub const USER_MEMORY_SOURCE: &str = "core_user_memory";
 
 /// The heading task-extraction prompts show above the memories.
 pub const USER_MEMORY_TITLE: &str = "🧠 User Memory";
+
+/// At most this many saved memories, the most recent, are offered to task extraction.
+pub const MAX_RETRIEVED_MEMORIES: usize = 50;
 
 /// User memory as a task-extraction data source; responds whenever the session has a user id.
 #[derive(Debug, Clone)]
@@ -25,10 +30,18 @@ impl UserMemoryDataSource {
     }
 }
 
-/// `(N saved entries):` then one `• [timestamp] content` line per entry, oldest first.
+/// `(N saved entries):` then one `• [timestamp] content` line per entry, oldest first. With
+/// more than [`MAX_RETRIEVED_MEMORIES`] entries only the most recent ones are listed, and the
+/// heading says how many older entries exist.
 pub fn format_memories(entries: &[MemoryEntry]) -> String {
-    let mut text = format!("({} saved entries):", entries.len());
-    for entry in entries {
+    let older = entries.len().saturating_sub(MAX_RETRIEVED_MEMORIES);
+    let mut text = if older == 0 {
+        format!("({} saved entries):", entries.len())
+    } else {
+        let older_entries = if older == 1 { "1 older entry is".to_owned() } else { format!("{older} older entries are") };
+        format!("({} saved entries; the {MAX_RETRIEVED_MEMORIES} most recent are listed, {older_entries} not shown):", entries.len())
+    };
+    for entry in &entries[older..] {
         text.push_str(&format!("\n• [{}] {}", entry.timestamp, entry.content));
     }
     text
@@ -83,6 +96,31 @@ mod tests {
         assert_eq!(
             data.content,
             "(2 saved entries):\n• [2025-03-10 09:05] my usual BPM is SR01C:BPM3\n• [2025-03-10 09:05] shift B starts at 16:00"
+        );
+    }
+
+    #[tokio::test]
+    async fn only_the_fifty_most_recent_entries_are_offered() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = MemoryStore::new(dir.path());
+        let day = NaiveDate::from_ymd_opt(2025, 3, 10).expect("valid day");
+        for index in 0..53u32 {
+            let at = day.and_hms_opt(8 + index / 60, index % 60, 0).expect("valid time");
+            store.append("alice", &format!("note {index:02}"), at).await.expect("saved");
+        }
+        let data = UserMemoryDataSource::new(store).retrieve(&request(Some("alice"))).await.expect("read").expect("has entries");
+        let lines: Vec<&str> = data.content.lines().collect();
+        assert_eq!(lines[0], "(53 saved entries; the 50 most recent are listed, 3 older entries are not shown):");
+        assert_eq!(lines.len(), 51);
+        assert_eq!(lines[1], "• [2025-03-10 08:03] note 03");
+        assert_eq!(lines[50], "• [2025-03-10 08:52] note 52");
+        assert!(!data.content.contains("note 02"));
+
+        let one_more: Vec<MemoryEntry> =
+            (0..51).map(|index| MemoryEntry::new(format!("n{index}"), day.and_hms_opt(9, 0, 0).expect("valid"))).collect();
+        assert!(
+            format_memories(&one_more)
+                .starts_with("(51 saved entries; the 50 most recent are listed, 1 older entry is not shown):\n• [2025-03-10 09:00] n1\n")
         );
     }
 

@@ -10,7 +10,9 @@ use peregrine_llm::ChatMessage;
 pub struct ExtractionRequest<'a> {
     /// The step objective.
     pub task_objective: &'a str,
-    /// The conversation, formatted one message per line block (`User: …`, `Assistant: …`).
+    /// The recent conversation within the history budget (`AgentSettings::prompt_history_chars`),
+    /// one message per line block (`User: …`, `Assistant: …`), after a
+    /// `(N earlier messages omitted)` line when earlier messages were left out.
     pub chat_history: &'a str,
     /// Summaries of the step's inputs, one `- {TYPE: key}: summary` line each; empty if none.
     pub step_inputs: &'a str,

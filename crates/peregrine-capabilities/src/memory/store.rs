@@ -1,6 +1,9 @@
 //! The per-user memory files (reference §5.2): `<agent_data_dir>/user_memory/<user>.json`,
 //! append-only, written durably (temp file in the same directory, fsync, rename, fsync of the
-//! directory) so a crash leaves either the old file or the new one, never a torn one.
+//! directory) so a crash leaves either the old file or the new one, never a torn one. Each
+//! append's read-modify-write holds an exclusive OS lock on the sidecar `<user>.json.lock`, so
+//! processes sharing a data directory (a CLI and a server) never lose each other's saves;
+//! readers need no lock, since a rename replaces the file whole.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -108,8 +111,9 @@ pub fn sanitize_user_id(user_id: &str) -> String {
     user_id.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_').collect()
 }
 
-/// One JSON file per user under `<agent_data_dir>/user_memory/`. Cloning shares the write lock,
-/// so every clone in a process serializes its appends.
+/// One JSON file per user under `<agent_data_dir>/user_memory/`. Cloning shares the in-process
+/// write lock, so every clone in a process serializes its appends; an OS file lock serializes
+/// them with other stores and other processes on the same directory.
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     directory: PathBuf,
@@ -173,9 +177,11 @@ impl MemoryStore {
         let user_id = user_id.to_owned();
         let entry = MemoryEntry::new(content, now);
         // Held across the blocking task: appends in this process never interleave their
-        // read-modify-write cycles.
+        // read-modify-write cycles, and only one of them at a time waits for the file lock.
         let _guard = self.write_lock.lock().await;
         blocking(move || {
+            // Other stores and other processes on this directory take the same OS lock.
+            let _file_lock = FileLock::acquire(&directory, &path)?;
             let mut file = load(&path, &user_id)?.unwrap_or_else(|| MemoryFile {
                 user_id: user_id.clone(),
                 last_updated: String::new(),
@@ -195,6 +201,48 @@ impl MemoryStore {
         })
         .await
     }
+}
+
+/// An exclusive OS lock on `<user>.json.lock` beside a memory file, held for one
+/// read-modify-write and released when dropped. The sidecar is never deleted: removing it while
+/// another process waits on it would let two writers hold "the" lock at once.
+struct FileLock {
+    file: File,
+    path: PathBuf,
+}
+
+impl FileLock {
+    /// Blocks until this process holds the lock of the memory file `path`.
+    fn acquire(directory: &Path, path: &Path) -> Result<Self, MemoryError> {
+        fs::create_dir_all(directory).map_err(io_error("create directory", directory))?;
+        let name = path.file_name().and_then(|name| name.to_str()).unwrap_or("memory.json");
+        let lock_path = directory.join(format!("{name}.lock"));
+        let file = open_lock_file(&lock_path).map_err(io_error("open lock file", &lock_path))?;
+        file.lock().map_err(io_error("lock", &lock_path))?;
+        Ok(Self { file, path: lock_path })
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        // Closing the file releases the lock as well; unlocking first releases it even if the
+        // descriptor were shared.
+        if let Err(error) = self.file.unlock() {
+            tracing::warn!(path = %self.path.display(), %error, "cannot unlock the memory lock file; closing it releases the lock");
+        }
+    }
+}
+
+/// The lock file, created empty if missing (owner-only, like the memories) and never truncated.
+fn open_lock_file(path: &Path) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path)
 }
 
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, MemoryError> + Send + 'static) -> Result<T, MemoryError> {
@@ -298,8 +346,13 @@ mod tests {
         assert_eq!(raw["user_id"], "alice");
         assert_eq!(raw["last_updated"], "2025-03-10 10:30");
         assert_eq!(raw["entries"][0], serde_json::json!({"timestamp": "2025-03-10 09:05", "content": "beam tuning works best at 6 PM"}));
-        let leftovers: Vec<_> = fs::read_dir(dir.path().join("user_memory")).expect("dir").filter_map(Result::ok).collect();
-        assert_eq!(leftovers.len(), 1, "no temp files are left behind");
+        let mut leftovers: Vec<String> = fs::read_dir(dir.path().join("user_memory"))
+            .expect("dir")
+            .filter_map(Result::ok)
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        leftovers.sort();
+        assert_eq!(leftovers, ["alice.json", "alice.json.lock"], "no temp files are left behind; the lock file stays");
     }
 
     #[tokio::test]
@@ -384,5 +437,28 @@ mod tests {
         let mut expected: Vec<String> = (0..16).map(|n| format!("note {n}")).collect();
         expected.sort();
         assert_eq!(contents, expected);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn two_stores_on_one_directory_lose_nothing() {
+        // Two stores do not share the in-process mutex: like two processes, only the OS file
+        // lock keeps their read-modify-write cycles apart.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let stores = [MemoryStore::new(dir.path()), MemoryStore::new(dir.path())];
+        let tasks: Vec<_> = (0..40)
+            .map(|n| {
+                let store = stores[n % 2].clone();
+                tokio::spawn(async move { store.append("gina", &format!("note {n}"), at(9, 0)).await })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("joined").expect("saved");
+        }
+        let mut contents: Vec<String> = stores[0].entries("gina").await.expect("read").into_iter().map(|entry| entry.content).collect();
+        contents.sort();
+        let mut expected: Vec<String> = (0..40).map(|n| format!("note {n}")).collect();
+        expected.sort();
+        assert_eq!(contents, expected);
+        assert!(dir.path().join("user_memory/gina.json.lock").exists());
     }
 }

@@ -142,6 +142,26 @@ async fn a_save_with_approval_enabled_asks_first_and_writes_nothing() {
 }
 
 #[tokio::test]
+async fn the_extraction_prompt_carries_only_the_recent_history_within_the_budget() {
+    let f = fixture_with(|settings| settings.prompt_history_chars = 300, saving());
+    let mut state = state(Some("alice"), ApprovalMode::Selective);
+    let request = state.messages.pop().expect("the save request");
+    for index in 0..40 {
+        state.messages.push(Message::user(format!("shift note {index:02} {}", "n".repeat(50))));
+        state.messages.push(Message::assistant(format!("noted {index:02} {}", "o".repeat(50))));
+    }
+    state.messages.push(request);
+    run(&f.capability, &state, None).await.expect("asks for approval");
+    let extraction = f.fake.requests_for("MemoryContentExtraction");
+    let prompt = &extraction[0].messages.last().expect("user message").content;
+    let history = prompt.split("Chat history:\n").nth(1).and_then(|rest| rest.split("\n\nStep inputs").next()).expect("a history section");
+    assert!(history.chars().count() <= 340, "{history}");
+    assert!(history.starts_with('(') && history.contains(" earlier messages omitted)\n"), "{history}");
+    assert!(history.ends_with(&format!("User: Remember that: {CONTENT}")), "the request is always kept: {history}");
+    assert!(!history.contains("shift note 00") && !history.contains("The injector drifted"));
+}
+
+#[tokio::test]
 async fn an_approved_answer_appends_exactly_the_approved_content_without_llm_calls() {
     let f = fixture(no_llm());
     let outcome = run(&f.capability, &state(Some("alice"), ApprovalMode::Selective), Some(&answer(expected_payload(), true, 1)))

@@ -3,9 +3,10 @@
 use std::sync::Arc;
 
 use chrono::TimeZone;
-use peregrine_agent::{AgentSettings, Services};
+use peregrine_agent::respond::{DefaultResponsePrompts, RespondCapability, ResponsePrompts};
+use peregrine_agent::{AgentSettings, Catalog, Services};
 use peregrine_core::capability::NoEvents;
-use peregrine_core::{AgentState, CapabilityInput, ErrorSeverity, PlannedStep};
+use peregrine_core::{AgentState, CapabilityInput, ErrorSeverity, InputRef, PlannedStep};
 use peregrine_llm::{ChatRequest, FakeProvider, LlmError, LlmErrorKind};
 
 use super::*;
@@ -159,4 +160,35 @@ fn the_spec_describes_time_range_parsing() {
             .as_ref()
             .is_some_and(|guide| guide.examples.iter().any(|e| e.result) && guide.examples.iter().any(|e| !e.result))
     );
+}
+
+#[tokio::test]
+async fn respond_notes_the_timezone_of_a_stored_range() {
+    let (_, capability) = capability(answering("2025-03-10 08:30:00", "2025-03-10 10:30:00", true));
+    let (context, _) = stored(run(&capability).await.expect("parsed"));
+    assert_eq!(context.summary()["timezone_name"], "America/Los_Angeles", "the summary names the field as the data does");
+
+    let mut state = AgentState::default();
+    state.task.current_task = Some("When did the beam drop in the last two hours (Pacific time)?".into());
+    state.capability_context_data.set("tr_0308_0310", &context, None).expect("stored");
+    let step = PlannedStep {
+        inputs: vec![InputRef::new(TIME_RANGE, "tr_0308_0310")],
+        ..PlannedStep::generic_respond("Answer with the time range")
+    };
+    let fake = FakeProvider::by_schema(|_, _| Ok("unused".into()));
+    let settings = AgentSettings { timezone: chrono_tz::America::Los_Angeles, ..AgentSettings::default() };
+    let respond = RespondCapability::new(
+        Services::new(Arc::new(fake.client()), settings),
+        Arc::new(Catalog::new(vec![RespondCapability::default_spec()])),
+    );
+    let gathered = respond.response_context(&state, &step, fixed_now());
+    assert_eq!(gathered.data_timezone.as_deref(), Some("America/Los_Angeles"));
+    assert!(
+        gathered.current_task.contains("[NOTE: All retrieved times are in the system local timezone (America/Los_Angeles)."),
+        "{}",
+        gathered.current_task
+    );
+    let prompt = DefaultResponsePrompts.build(&gathered);
+    assert!(prompt.contains("Label retrieved times with the timezone America/Los_Angeles"), "{prompt}");
+    assert!(prompt.contains("\"timezone_name\": \"America/Los_Angeles\""), "{prompt}");
 }

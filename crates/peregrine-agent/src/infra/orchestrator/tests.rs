@@ -441,3 +441,26 @@ async fn custom_prompts_replace_sections() {
     assert!(prompt.starts_with("You plan beamline work.") && !prompt.contains("expert execution planner"));
     assert!(prompt.contains("## python"));
 }
+
+#[tokio::test]
+async fn what_the_user_said_when_rejecting_reaches_the_new_plan() {
+    let f = answering(json!({"steps": [step("p", "python", json!([]))]}));
+    let request = ask_for_approval(&f).await;
+    let answer = json!({"approved": false, "feedback": "no, plot it as a histogram instead"});
+    approval(f.orchestrator.execute(&planning_state(), &resumed(&request, answer)).await.expect("plans again"));
+    let prompt = prompt_of(&f.fake);
+    assert!(prompt.contains("The user said when rejecting it: \"no, plot it as a histogram instead\""), "{prompt}");
+}
+
+#[test]
+fn the_approval_prompt_shows_everything_that_steers_a_step() {
+    let mut planned = step("w", "python", json!([]));
+    planned["parameters"] = json!({"setpoint": 50});
+    planned["expected_output"] = json!("PYTHON_RESULTS");
+    planned["success_criteria"] = json!("the setpoint is applied");
+    let plan: ExecutionPlan = serde_json::from_value(json!({"steps": [planned]})).expect("plan");
+    let shown = super::prompt::numbered_steps(&plan);
+    for needle in ["parameters: `{\"setpoint\":50}`", "expected output: PYTHON_RESULTS", "success criteria: the setpoint is applied"] {
+        assert!(shown.contains(needle), "{needle} missing in {shown}");
+    }
+}

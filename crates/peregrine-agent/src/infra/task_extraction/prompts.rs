@@ -3,10 +3,12 @@
 //! one part by implementing [`TaskExtractionPrompts`] for their own type and overriding only
 //! that method.
 //!
-//! The whole history goes into the prompt, as upstream does: the task must be self-contained,
-//! and "that" or "it" can refer to anything said earlier in the thread. A thread too long for the
-//! model's context window fails the call with a context-length error, which is classified
-//! RETRIABLE like every other transient LLM fault. Unlike upstream, there is no literal
+//! Upstream puts the whole history into the prompt, so a long thread eventually overflows the
+//! model's context window on every turn. Here the history is the most recent messages that fit
+//! the history budget (`AgentSettings::prompt_history_chars`), numbered by their real position
+//! after a `(N earlier messages omitted)` line, always with the latest user message. Messages
+//! from another local day show their date as well as their time, so "an hour ago" or
+//! "yesterday" resolve correctly in threads spanning days. Unlike upstream, there is no literal
 //! "No stored memories" placeholder: retrieved data (user memory included) appears only when a
 //! data source returned some.
 
@@ -17,13 +19,15 @@ use peregrine_llm::ChatMessage;
 
 use super::ExtractedTask;
 use crate::datasource::RetrievedData;
+use crate::history::{DEFAULT_PROMPT_HISTORY_CHARS, HistoryWindow};
 
 /// One message of an example conversation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExampleMessage {
     /// Author.
     pub role: Role,
-    /// Local time of the message, `HH:MM:SS` as the live history shows it; examples about
+    /// Local time of the message, `HH:MM:SS` as the live history shows it for today's
+    /// messages (`YYYY-MM-DD HH:MM:SS` for other days); examples about
     /// temporal references need one, others may leave it out.
     pub time: Option<String>,
     /// Text.
@@ -107,11 +111,31 @@ pub trait TaskExtractionPrompts: Send + Sync {
         default_examples()
     }
 
-    /// The messages of the call: `history` is the whole thread, `retrieved` what the data
-    /// sources returned, `now` the current time in the facility's timezone.
-    fn build(&self, history: &[Message], retrieved: &[RetrievedData], now: DateTime<Tz>) -> Vec<ChatMessage> {
-        default_build(self, history, retrieved, now)
+    /// The messages of the call; the node calls this, so override it (not [`Self::build`]) to
+    /// replace the whole layout.
+    fn build_prompt(&self, input: &TaskExtractionInput<'_>) -> Vec<ChatMessage> {
+        default_build(self, input)
     }
+
+    /// [`Self::build_prompt`] with the default history budget: `history` is the whole thread,
+    /// `retrieved` what the data sources returned, `now` the current time in the facility's
+    /// timezone.
+    fn build(&self, history: &[Message], retrieved: &[RetrievedData], now: DateTime<Tz>) -> Vec<ChatMessage> {
+        self.build_prompt(&TaskExtractionInput { history, retrieved, now, history_chars: DEFAULT_PROMPT_HISTORY_CHARS })
+    }
+}
+
+/// What the task-extraction prompt is built from.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskExtractionInput<'a> {
+    /// The whole thread, oldest first.
+    pub history: &'a [Message],
+    /// What the data sources returned.
+    pub retrieved: &'a [RetrievedData],
+    /// The current time in the facility's timezone.
+    pub now: DateTime<Tz>,
+    /// The history budget in characters (`AgentSettings::prompt_history_chars`).
+    pub history_chars: usize,
 }
 
 /// The framework's task-extraction prompts.
@@ -121,13 +145,10 @@ pub struct DefaultTaskExtractionPrompts;
 impl TaskExtractionPrompts for DefaultTaskExtractionPrompts {}
 
 /// The default layout: a system message with role, guidelines, output format and examples, and
-/// a user message with the current time, the numbered history and any retrieved data.
-pub fn default_build<P: TaskExtractionPrompts + ?Sized>(
-    prompts: &P,
-    history: &[Message],
-    retrieved: &[RetrievedData],
-    now: DateTime<Tz>,
-) -> Vec<ChatMessage> {
+/// a user message with the current time, the numbered history (within the budget) and any
+/// retrieved data.
+pub fn default_build<P: TaskExtractionPrompts + ?Sized>(prompts: &P, input: &TaskExtractionInput<'_>) -> Vec<ChatMessage> {
+    let TaskExtractionInput { history, retrieved, now, history_chars } = *input;
     let examples = format_examples(&prompts.examples());
     let mut system = format!(
         "{}\n\nYou analyze a chat history, and any data retrieved for it, and extract the task the user wants done.\n\n\
@@ -144,7 +165,7 @@ pub fn default_build<P: TaskExtractionPrompts + ?Sized>(
         "Current time: {} ({})\n\n## Current Chat History:\n{}",
         now.format("%Y-%m-%d %H:%M:%S %Z"),
         now.timezone().name(),
-        format_history(history, now.timezone()),
+        format_history(history, now, history_chars),
     );
     if let Some(data) = format_retrieved_data(retrieved) {
         user.push_str(&format!("\n\n{data}"));
@@ -163,18 +184,19 @@ pub fn format_examples(examples: &[TaskExtractionExample]) -> String {
         .join("\n\n")
 }
 
-/// The whole history, one numbered line per message:
-/// `{i}. USER|ASSISTANT|SYSTEM (HH:MM:SS): content`, times in `timezone`.
-pub fn format_history(messages: &[Message], timezone: Tz) -> String {
-    messages
-        .iter()
-        .enumerate()
-        .map(|(index, message)| {
-            let time = message.timestamp.with_timezone(&timezone).format("%H:%M:%S").to_string();
-            history_line(index + 1, message.role, Some(&time), &message.content)
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+/// The most recent messages that fit `history_chars`, one line per message numbered by its
+/// position in the thread: `{i}. USER|ASSISTANT|SYSTEM (HH:MM:SS): content` in `now`'s timezone,
+/// `(YYYY-MM-DD HH:MM:SS)` for messages from another local day than `now`'s; preceded by
+/// `(N earlier messages omitted)` when earlier messages were left out.
+pub fn format_history(messages: &[Message], now: DateTime<Tz>, history_chars: usize) -> String {
+    let timezone = now.timezone();
+    let today = now.date_naive();
+    HistoryWindow::select(messages, history_chars, "\n", |position, message| {
+        let local = message.timestamp.with_timezone(&timezone);
+        let time = if local.date_naive() == today { local.format("%H:%M:%S") } else { local.format("%Y-%m-%d %H:%M:%S") };
+        history_line(position + 1, message.role, Some(&time.to_string()), &message.content)
+    })
+    .render()
 }
 
 fn history_line(number: usize, role: Role, time: Option<&str>, content: &str) -> String {
@@ -300,6 +322,10 @@ mod tests {
         Utc.with_ymd_and_hms(2025, 3, 4, hour, minute, second).single().expect("valid time")
     }
 
+    fn berlin(time: chrono::DateTime<Utc>) -> DateTime<Tz> {
+        time.with_timezone(&chrono_tz::Europe::Berlin)
+    }
+
     #[test]
     fn history_is_numbered_in_the_facility_timezone() {
         let messages = vec![
@@ -308,9 +334,58 @@ mod tests {
             Message::new(Role::User, "plot it", at(13, 2, 0)),
         ];
         assert_eq!(
-            format_history(&messages, chrono_tz::Europe::Berlin),
+            format_history(&messages, berlin(at(13, 5, 0)), DEFAULT_PROMPT_HISTORY_CHARS),
             "1. USER (14:00:01): read the beam current\n2. ASSISTANT (14:00:09): 500 mA\n3. USER (14:02:00): plot it"
         );
+    }
+
+    #[test]
+    fn messages_from_another_local_day_show_their_date() {
+        // 23:30 UTC on March 3rd is already March 4th in Berlin: the local day is what counts.
+        let late = Utc.with_ymd_and_hms(2025, 3, 3, 23, 30, 0).single().expect("valid time");
+        let day_before = Utc.with_ymd_and_hms(2025, 3, 3, 13, 3, 10).single().expect("valid time");
+        let messages = vec![
+            Message::new(Role::User, "what was the lifetime?", day_before),
+            Message::new(Role::Assistant, "10 hours", late),
+            Message::new(Role::User, "and an hour ago?", at(13, 2, 0)),
+        ];
+        assert_eq!(
+            format_history(&messages, berlin(at(13, 5, 0)), DEFAULT_PROMPT_HISTORY_CHARS),
+            "1. USER (2025-03-03 14:03:10): what was the lifetime?\n2. ASSISTANT (00:30:00): 10 hours\n\
+             3. USER (14:02:00): and an hour ago?"
+        );
+    }
+
+    #[test]
+    fn a_long_history_keeps_the_latest_messages_with_their_real_numbers() {
+        let mut messages: Vec<Message> =
+            (0..40).map(|index| Message::new(Role::User, format!("question {index} {}", "q".repeat(100)), at(12, index, 0))).collect();
+        messages.push(Message::new(Role::User, "plot the last one", at(13, 0, 0)));
+        let now = berlin(at(13, 5, 0));
+        let history = format_history(&messages, now, 500);
+        assert!(history.chars().count() < 600, "{history}");
+        let lines: Vec<&str> = history.lines().collect();
+        assert!(lines[0].ends_with("earlier messages omitted)"), "{history}");
+        let omitted: usize = lines[0].trim_start_matches('(').split(' ').next().and_then(|n| n.parse().ok()).expect("a count");
+        assert!(lines[1].starts_with(&format!("{}. USER", omitted + 1)), "numbered by real position: {history}");
+        assert_eq!(lines.last().copied(), Some("41. USER (14:00:00): plot the last one"));
+        assert_eq!(omitted + lines.len() - 1, 41);
+
+        let built =
+            DefaultTaskExtractionPrompts.build_prompt(&TaskExtractionInput { history: &messages, retrieved: &[], now, history_chars: 500 });
+        assert!(built[1].content.contains(&format!("## Current Chat History:\n({omitted} earlier messages omitted)\n{}.", omitted + 1)));
+        assert!(!built[1].content.contains("question 0 "));
+    }
+
+    #[test]
+    fn a_huge_request_is_cut_and_the_default_build_keeps_the_default_budget() {
+        let huge = "x".repeat(DEFAULT_PROMPT_HISTORY_CHARS * 2);
+        let messages = vec![Message::new(Role::Assistant, "hello", at(12, 0, 0)), Message::new(Role::User, huge.as_str(), at(13, 0, 0))];
+        let built = DefaultTaskExtractionPrompts.build(&messages, &[], berlin(at(13, 5, 0)));
+        let user = &built[1].content;
+        assert!(user.contains("(1 earlier message omitted)\n2. USER (14:00:00): xxx"), "the request stays, cut");
+        assert!(user.contains("[message truncated: the first "), "a marker says it was cut");
+        assert!(user.chars().count() < DEFAULT_PROMPT_HISTORY_CHARS + 1_000, "{} characters", user.chars().count());
     }
 
     #[test]

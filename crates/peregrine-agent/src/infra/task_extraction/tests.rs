@@ -96,6 +96,22 @@ fn node(fake: &FakeProvider) -> TaskExtraction {
     TaskExtraction::new(Services::new(Arc::new(fake.client()), settings()))
 }
 
+fn node_with_budget(fake: &FakeProvider, prompt_history_chars: usize) -> TaskExtraction {
+    TaskExtraction::new(Services::new(Arc::new(fake.client()), AgentSettings { prompt_history_chars, ..settings() }))
+}
+
+/// A thread of 30 question/answer pairs (each message about 120 characters) and a last question.
+fn long_conversation() -> AgentState {
+    let mut state = conversation();
+    state.messages.clear();
+    for index in 0..30 {
+        state.messages.push(Message::new(Role::User, format!("question {index}: {}", "q".repeat(100)), at(10, index, 0)));
+        state.messages.push(Message::new(Role::Assistant, format!("answer {index}: {}", "a".repeat(100)), at(10, index, 30)));
+    }
+    state.messages.push(Message::new(Role::User, "Plot the last one", at(13, 2, 0)));
+    state
+}
+
 async fn run(node: &TaskExtraction, state: &AgentState) -> (Result<CapabilityOutcome, CapabilityError>, Vec<AgentEvent>) {
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
     let ctx = NodeContext::standalone("thread", TASK_EXTRACTION).with_events(sender);
@@ -153,7 +169,7 @@ async fn the_update_applies_to_the_state() {
 }
 
 #[tokio::test]
-async fn prompt_holds_the_numbered_history_in_the_facility_timezone_and_the_retrieved_data() {
+async fn prompt_holds_the_numbered_dated_history_in_the_facility_timezone_and_the_retrieved_data() {
     let fake = answering(GOOD_ANSWER);
     let memory = ScriptedSource::new("user_memory", Behaviour::Data("• watches SR01C:BPM4"));
     let node = node(&fake).with_data_sources(vec![memory.clone()]);
@@ -161,8 +177,8 @@ async fn prompt_holds_the_numbered_history_in_the_facility_timezone_and_the_retr
     let requests = fake.requests_for("ExtractedTask");
     let prompt = prompt_text(&requests[0]);
     assert!(prompt.contains(
-        "## Current Chat History:\n1. USER (14:00:01): What is the beam current?\n\
-         2. ASSISTANT (14:00:09): The beam current SR:DCCT is 500.1 mA.\n3. USER (14:02:00): Plot it for the last hour"
+        "## Current Chat History:\n1. USER (2025-03-04 14:00:01): What is the beam current?\n\
+         2. ASSISTANT (2025-03-04 14:00:09): The beam current SR:DCCT is 500.1 mA.\n3. USER (2025-03-04 14:02:00): Plot it for the last hour"
     ));
     assert!(prompt.contains("**Retrieved Data:**\n**user_memory data:**\n• watches SR01C:BPM4"));
     assert!(prompt.contains("(Europe/Berlin)"), "the current time is given in the facility timezone");
@@ -214,8 +230,8 @@ async fn acceptance_case_12_bypass_makes_no_llm_call() {
         task.current_task.as_deref(),
         Some(
             "**Retrieved Data:**\n**user_memory data:**\n• watches SR01C:BPM4\n\nChat history:\n\
-             1. USER (14:00:01): What is the beam current?\n2. ASSISTANT (14:00:09): The beam current SR:DCCT is 500.1 mA.\n\
-             3. USER (14:02:00): Plot it for the last hour"
+             1. USER (2025-03-04 14:00:01): What is the beam current?\n2. ASSISTANT (2025-03-04 14:00:09): The beam current SR:DCCT is 500.1 mA.\n\
+             3. USER (2025-03-04 14:02:00): Plot it for the last hour"
         )
     );
     assert!(events.iter().any(|event| matches!(event.kind, EventKind::TaskExtracted { .. })));
@@ -227,7 +243,54 @@ async fn bypass_without_data_is_just_the_history() {
     let mut state = conversation();
     state.agent_control.task_extraction_bypass_enabled = true;
     let task = task_of(run(&node(&fake), &state).await.0);
-    assert!(task.current_task.as_deref().is_some_and(|task| task.starts_with("Chat history:\n1. USER (14:00:01)")));
+    assert!(task.current_task.as_deref().is_some_and(|task| task.starts_with("Chat history:\n1. USER (2025-03-04 14:00:01)")));
+}
+
+#[tokio::test]
+async fn a_long_thread_is_cut_to_the_history_budget_with_real_numbers() {
+    let fake = answering(GOOD_ANSWER);
+    let state = long_conversation();
+    task_of(run(&node_with_budget(&fake, 1_000), &state).await.0);
+    let conversation_part = fake.requests_for("ExtractedTask")[0].messages[1].content.clone();
+    let history = conversation_part
+        .split("## Current Chat History:\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\nNow extract the task").next())
+        .expect("a history section");
+    assert!(history.chars().count() < 1_100, "the budget holds: {history}");
+    let lines: Vec<&str> = history.lines().collect();
+    let omitted: usize = lines[0]
+        .strip_prefix('(')
+        .and_then(|rest| rest.strip_suffix(" earlier messages omitted)"))
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("an omitted-messages note first: {history}"));
+    assert_eq!(omitted + lines.len() - 1, 61, "every message is either shown or counted");
+    assert!(lines[1].starts_with(&format!("{}. ", omitted + 1)), "numbered by real position: {history}");
+    assert_eq!(lines.last().copied(), Some("61. USER (2025-03-04 14:02:00): Plot the last one"));
+    assert!(!history.contains("question 0:"));
+
+    let everything = answering(GOOD_ANSWER);
+    task_of(run(&node(&everything), &state).await.0);
+    let full = everything.requests_for("ExtractedTask")[0].messages[1].content.clone();
+    assert!(full.contains("## Current Chat History:\n1. USER (2025-03-04 11:00:00): question 0:"), "the default budget fits this thread");
+    assert!(!full.contains("earlier messages omitted"));
+}
+
+#[tokio::test]
+async fn bypass_uses_the_history_budget_too() {
+    let fake = FakeProvider::by_schema(|_, _| Err(FakeProvider::error(LlmErrorKind::Connect, "no LLM call expected")));
+    let mut state = long_conversation();
+    state.agent_control.task_extraction_bypass_enabled = true;
+    let task = task_of(run(&node_with_budget(&fake, 300), &state).await.0).current_task.expect("a task");
+    assert!(task.starts_with("Chat history:\n("), "{task}");
+    assert!(task.contains("earlier messages omitted)\n"), "{task}");
+    assert!(task.ends_with("61. USER (2025-03-04 14:02:00): Plot the last one"), "{task}");
+    assert!(task.chars().count() < 400, "{task}");
+
+    let mut state = conversation();
+    state.agent_control.task_extraction_bypass_enabled = true;
+    let no_history = task_of(run(&node_with_budget(&fake, 0), &state).await.0).current_task.expect("a task");
+    assert_eq!(no_history, "Chat history:\n(2 earlier messages omitted)\n3. USER (2025-03-04 14:02:00): Plot it for the last hour");
 }
 
 #[tokio::test]
@@ -286,7 +349,7 @@ async fn an_application_overrides_single_prompt_parts() {
     let prompt = prompt_text(&fake.requests()[0]);
     assert!(prompt.starts_with("You turn ALS control-room conversations into tasks."));
     assert!(!prompt.contains("## Examples:"));
-    assert!(prompt.contains("1. USER (14:00:01): What is the beam current?"), "the default layout is kept");
+    assert!(prompt.contains("1. USER (2025-03-04 14:00:01): What is the beam current?"), "the default layout is kept");
 }
 
 #[test]
