@@ -423,8 +423,12 @@ mod tests {
             ("Y.", true),
             ("  ok!  ", true),
             ("Okay", true),
+            ("yep", true),
+            ("  YEAH?  ", true),
             ("no", false),
+            ("n", false),
             ("NOPE.", false),
+            ("Nope!!", false),
             ("cancel", false),
             ("nah", false),
         ] {
@@ -432,6 +436,9 @@ mod tests {
             assert_eq!(detection, ApprovalDetection { approved, method: ApprovalMethod::Keyword }, "{text}");
         }
         assert!(provider.requests().is_empty());
+        for not_a_keyword in ["yes please", "nope, wait", "yess", "no way"] {
+            assert_eq!(keyword_answer(not_a_keyword), None, "{not_a_keyword} needs the approval model");
+        }
         let detection = gateway.detect_approval("go ahead please", None).await;
         assert_eq!(detection, ApprovalDetection { approved: true, method: ApprovalMethod::Llm });
         let calls = provider.requests_for("ApprovalResponse");

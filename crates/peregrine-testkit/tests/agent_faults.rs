@@ -29,8 +29,10 @@ use serde_json::json;
 const THREAD: &str = "faulty-thread";
 /// The first turn's question; the report names it as the task when task extraction failed.
 const USER_QUESTION: &str = "What's the weather in Prague?";
-/// The provider's read timeout: a `Fault::Timeout` costs this long.
+/// The provider's read timeout in the tests that inject `Fault::Timeout` (each costs this long).
 const TIMEOUT_SECONDS: f64 = 1.0;
+/// The provider's read timeout everywhere else: generous, so a loaded machine never times out.
+const RELAXED_TIMEOUT_SECONDS: f64 = 30.0;
 /// What every recovered answer contains: the mock service's reading for Prague.
 const PRAGUE_WEATHER: &str = "Weather in Prague on";
 
@@ -105,6 +107,15 @@ impl Harness {
     /// Starts the server with `faults` (each applies to its call while the harness is faulty)
     /// in front of the healthy weather replies, and the agent on a fresh SQLite file.
     async fn start(faults: Vec<(LlmCall, Reply)>) -> Self {
+        Self::start_with_timeout(faults, RELAXED_TIMEOUT_SECONDS).await
+    }
+
+    /// Like [`Harness::start`] with a 1 s provider timeout, for `Fault::Timeout`.
+    async fn start_timing_out(faults: Vec<(LlmCall, Reply)>) -> Self {
+        Self::start_with_timeout(faults, TIMEOUT_SECONDS).await
+    }
+
+    async fn start_with_timeout(faults: Vec<(LlmCall, Reply)>, timeout_seconds: f64) -> Self {
         let healthy = Arc::new(AtomicBool::new(false));
         let mut script = Script::new();
         for (call, reply) in faults {
@@ -113,7 +124,7 @@ impl Harness {
         }
         let server = ScriptedLlmServer::start(with_weather_replies(script)).await;
         let dir = tempfile::tempdir().expect("temp dir");
-        let agent = weather_agent(&server.base_url(), TIMEOUT_SECONDS, &dir.path().join("checkpoints.sqlite"), &dir.path().join("data"))
+        let agent = weather_agent(&server.base_url(), timeout_seconds, &dir.path().join("checkpoints.sqlite"), &dir.path().join("data"))
             .await
             .expect("agent");
         Self { server, healthy, agent, _dir: dir }
@@ -200,7 +211,7 @@ fn assert_report(turn: &Turn, severity: &str, task: &str, operation: &str, capab
 #[tokio::test]
 async fn task_extraction_timeout_once_is_retried_and_recovers() {
     let reply = Reply::json(extracted_task(PRAGUE_TASK)).after_faults(vec![Fault::Timeout]);
-    let harness = Harness::start(vec![(TaskExtraction, reply)]).await;
+    let harness = Harness::start_timing_out(vec![(TaskExtraction, reply)]).await;
     let turn = harness.faulty_turn().await;
     assert_recovered(&turn);
     assert_eq!(turn.counts(), counts(&[(TaskExtraction, 2), (Classifier, 1), (Orchestrator, 1), (CurrentWeather, 1), (Respond, 1)]));
@@ -228,7 +239,7 @@ async fn task_extraction_failing_every_time_exhausts_its_retries_into_a_report()
 #[tokio::test]
 async fn task_extraction_refused_key_reports_at_once_even_when_the_analysis_call_fails() {
     let faults = vec![(TaskExtraction, Reply::fault(Fault::Unauthorized)), (ErrorAnalysis, Reply::fault(Fault::Timeout))];
-    let harness = Harness::start(faults).await;
+    let harness = Harness::start_timing_out(faults).await;
     let turn = harness.faulty_turn().await;
     assert_report(&turn, "CRITICAL", USER_QUESTION, "task_extraction", "task_extraction (infrastructure node)", FALLBACK_ANALYSIS);
     assert!(turn.response().contains("api.providers.vllm.api_key"), "the report says what to fix: {}", turn.response());
@@ -293,6 +304,16 @@ async fn orchestrator_malformed_response_body_is_retried_and_recovers() {
     assert_eq!(turn.waits, backoff("orchestrator", RetryPolicy::orchestrator(), 1));
     let state = turn.result.state.as_ref().expect("state");
     assert_eq!(state.control.planning_attempts, 1, "a transient failure does not use up a planning attempt");
+    harness.assert_thread_usable().await;
+}
+
+#[tokio::test]
+async fn orchestrator_refused_key_is_critical_and_reported_without_retries() {
+    let harness = Harness::start(vec![(Orchestrator, Reply::fault(Fault::Unauthorized))]).await;
+    let turn = harness.faulty_turn().await;
+    assert_report(&turn, "CRITICAL", PRAGUE_TASK, "orchestrator", "orchestrator (infrastructure node)", ANALYSIS);
+    assert_eq!(turn.counts(), counts(&[(TaskExtraction, 1), (Classifier, 1), (Orchestrator, 1), (ErrorAnalysis, 1)]));
+    assert!(turn.waits.is_empty(), "a refused key is not retried");
     harness.assert_thread_usable().await;
 }
 
@@ -379,6 +400,7 @@ async fn respond_stream_cut_mid_answer_is_retried_and_the_partial_answer_is_drop
     let failed_at = turn.respond_stream.iter().position(Option::is_none).expect("the failed attempt is announced");
     let streamed = |tokens: &[Option<String>]| tokens.iter().flatten().cloned().collect::<String>();
     let cut_tokens = streamed(&turn.respond_stream[..failed_at]);
+    assert!(!cut_tokens.is_empty(), "the cut attempt streamed something before it broke");
     assert!("The weather ".starts_with(&cut_tokens), "only what was sent before the cut: {cut_tokens:?}");
     assert_eq!(streamed(&turn.respond_stream[failed_at + 1..]), turn.response());
     assert_eq!(turn.counts(), counts(&[(TaskExtraction, 1), (Classifier, 1), (Orchestrator, 1), (CurrentWeather, 1), (Respond, 2)]));

@@ -10,13 +10,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use hello_world_weather::register as register_weather;
-use peregrine_agent::{Agent, AgentSettings, ClassifierMode, Services, Session, TurnOptions, TurnResult, TurnStatus};
+use peregrine_agent::{
+    Agent, AgentError, AgentSettings, ClassifierMode, PromptOverrides, Services, Session, TurnOptions, TurnResult, TurnStatus,
+};
 use peregrine_capabilities::{MemoryCapability, MemoryStore, TimeRangeCapability, UserMemoryDataSource};
 use peregrine_checkpoint::SqliteCheckpointer;
 use peregrine_core::state::Role;
 use peregrine_core::{
     AgentStateUpdate, Capability, CapabilityError, CapabilityInput, CapabilityOutcome, CapabilitySpec, Message, Registry,
 };
+use peregrine_graph::RunError;
 use peregrine_llm::{LlmClient, LlmConfig, ModelConfig, ProviderConfig, Secret};
 use peregrine_testkit::llm_server::{Fault, RecordedRequest, Reply, Script, ScriptedLlmServer};
 use serde_json::{Value, json};
@@ -38,7 +41,8 @@ impl Capability for Echo {
     }
     async fn execute(&self, input: CapabilityInput<'_>) -> Result<CapabilityOutcome, CapabilityError> {
         let text = input.state.user_query().unwrap_or_default();
-        Ok(CapabilityOutcome::Done(AgentStateUpdate::message(Message::assistant(format!("echo: {text}")))))
+        let commands: Vec<String> = input.state.capability_slash_commands.iter().map(|(name, value)| format!(" /{name}={value}")).collect();
+        Ok(CapabilityOutcome::Done(AgentStateUpdate::message(Message::assistant(format!("echo: {text}{}", commands.concat())))))
     }
 }
 
@@ -70,6 +74,20 @@ fn llm_config(base_url: &str) -> LlmConfig {
 }
 
 async fn harness(script: Script, mode: ClassifierMode) -> Harness {
+    harness_with(script, mode, |_| {}, hello_world_weather::prompts::prompt_overrides()).await
+}
+
+/// The facility clock of the time-range capability: 2026-03-10 12:00 UTC.
+fn fixed_now() -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339("2026-03-10T12:00:00Z").expect("valid").with_timezone(&chrono::Utc)
+}
+
+async fn harness_with(
+    script: Script,
+    mode: ClassifierMode,
+    configure: impl FnOnce(&mut AgentSettings),
+    prompts: PromptOverrides,
+) -> Harness {
     let server = ScriptedLlmServer::start(script).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let data_dir = dir.path().join("agent_data");
@@ -80,18 +98,20 @@ async fn harness(script: Script, mode: ClassifierMode) -> Harness {
         classifier_mode: mode,
         ..AgentSettings::default()
     };
+    let mut settings = settings;
+    configure(&mut settings);
     let services = Services::new(Arc::new(llm), settings);
     let store = MemoryStore::new(&data_dir);
     let mut registry = Registry::new();
     register_weather(&mut registry, &services).expect("weather");
     registry.register(MemoryCapability::new(services.clone(), store.clone())).expect("memory");
-    registry.register(TimeRangeCapability::new(services.clone())).expect("time range");
+    registry.register(TimeRangeCapability::new(services.clone()).with_clock(fixed_now)).expect("time range");
     registry.register(Echo::new()).expect("echo");
     let checkpointer = SqliteCheckpointer::open(dir.path().join("agent.db")).await.expect("sqlite");
     let agent = Agent::builder(registry, services)
         .checkpointer(Arc::new(checkpointer))
         .data_source(Arc::new(UserMemoryDataSource::new(store)))
-        .prompts(hello_world_weather::prompts::prompt_overrides())
+        .prompts(prompts)
         .build()
         .expect("agent");
     Harness { server, agent, data_dir, _dir: dir }
@@ -176,7 +196,8 @@ async fn acceptance_case_11_per_capability_mode_asks_once_per_guided_capability(
     let script = weather_script().on_schema(
         "CapabilityMatch",
         Reply::from_fn(|request| {
-            let about_weather = request.prompt_text().contains("weather conditions");
+            // The weather capability's classifier instructions, and nothing else's.
+            let about_weather = request.prompt_text().contains("requires current weather information for a specific location");
             Reply::json(json!({"is_match": about_weather}))
         }),
     );
@@ -188,7 +209,7 @@ async fn acceptance_case_11_per_capability_mode_asks_once_per_guided_capability(
     assert_eq!(h.calls("CapabilityMatch").len(), 3);
     assert!(h.calls("CapabilitySelection").is_empty());
     let active = &result.state.expect("state").planning.active_capabilities;
-    assert!(active.iter().any(|name| name == "current_weather") && !active.iter().any(|name| name == "memory"), "{active:?}");
+    assert_eq!(active, &["current_weather", "respond", "clarify"], "exactly the matched capability plus the always-active ones");
 }
 
 #[tokio::test]
@@ -204,12 +225,16 @@ async fn context_from_turn_one_is_reused_in_turn_two() {
         .on_schema("CapabilitySelection", Reply::sequence(vec![selection(&["current_weather"]), selection(&[])]))
         .on_schema(
             "ExecutionPlan",
-            Reply::sequence(vec![
-                Reply::json(weather_plan("Prague", "weather_prague")),
-                Reply::json(json!({"steps": [{"context_key": "advice", "capability": "respond",
-                    "task_objective": "Advise on the umbrella from the stored weather", "success_criteria": "answered",
-                    "inputs": [{"CURRENT_WEATHER": "weather_prague"}]}]})),
-            ]),
+            // Like a model: reuse the stored weather when the prompt offers it, else fetch it.
+            Reply::from_fn(|request| {
+                if request.prompt_text().contains("{\"CURRENT_WEATHER\": \"weather_prague\"}") {
+                    Reply::json(json!({"steps": [{"context_key": "advice", "capability": "respond",
+                        "task_objective": "Advise on the umbrella from the stored weather", "success_criteria": "answered",
+                        "inputs": [{"CURRENT_WEATHER": "weather_prague"}]}]}))
+                } else {
+                    Reply::json(weather_plan("Prague", "weather_prague"))
+                }
+            }),
         )
         .on_schema("LocationExtraction", Reply::json(json!({"location": "Prague"})))
         .on_plain(Reply::sequence(vec![Reply::text("Mild and rainy in Prague."), Reply::text("Yes, take an umbrella.")]));
@@ -309,7 +334,8 @@ async fn an_edited_plan_sent_with_the_approval_runs_instead() {
     assert_eq!(h.calls("ExecutionPlan").len(), 1);
     // The same interrupt cannot be answered twice.
     let again = h.agent.answer_approval("t", &interrupt, true, None, TurnOptions::default()).await;
-    assert!(again.is_err(), "a consumed approval is refused");
+    assert!(matches!(again, Err(AgentError::Run(RunError::NothingToResume { .. }))), "a consumed approval is refused: {again:?}");
+    assert_eq!(h.calls("LocationExtraction").len(), 1, "the approved plan ran once");
 }
 
 #[tokio::test]
@@ -439,6 +465,7 @@ async fn acceptance_case_21_a_rejected_memory_save_saves_nothing() {
     assert_eq!(done.status, TurnStatus::Completed, "{:?}", done.response);
     assert!(!h.data_dir.join("user_memory").join("ada.json").exists());
     assert_eq!(h.calls("MemoryContentExtraction").len(), 1, "a rejection does not ask again");
+    assert!(last_prompt(&h.plain_calls()).contains("cancelled by the user"), "respond is told nothing was saved");
 }
 
 #[tokio::test]
@@ -491,4 +518,194 @@ async fn bad_commands_change_nothing() {
     let help = h.send("t", "/help").await;
     assert_eq!(help.status, TurnStatus::Reply);
     assert!(help.response.expect("help").contains("/planning"));
+}
+
+struct MarkedClassifier;
+impl peregrine_agent::infra::classifier::ClassifierPrompts for MarkedClassifier {
+    fn role(&self) -> String {
+        "MARK-CLASSIFIER: you pick capabilities.".into()
+    }
+}
+
+struct MarkedPlanner;
+impl peregrine_agent::infra::orchestrator::OrchestratorPrompts for MarkedPlanner {
+    fn role(&self) -> String {
+        "MARK-ORCHESTRATOR: you plan.".into()
+    }
+}
+
+struct MarkedResponder;
+impl peregrine_agent::respond::ResponsePrompts for MarkedResponder {
+    fn role(&self) -> String {
+        "MARK-RESPOND: you answer.".into()
+    }
+    fn orchestrator_guide(&self) -> peregrine_core::OrchestratorGuide {
+        peregrine_core::OrchestratorGuide {
+            instructions: "MARK-RESPOND-GUIDE: end every plan with respond.".into(),
+            examples: Vec::new(),
+            priority: 100,
+        }
+    }
+}
+
+struct MarkedClarifier;
+impl peregrine_agent::clarify::ClarificationPrompts for MarkedClarifier {
+    fn role(&self) -> String {
+        "MARK-CLARIFY: you ask.".into()
+    }
+}
+
+struct MarkedAnalyst;
+impl peregrine_agent::infra::error_node::ErrorAnalysisPrompts for MarkedAnalyst {
+    fn role(&self) -> String {
+        "MARK-ERROR: you explain failures.".into()
+    }
+}
+
+#[tokio::test]
+async fn prompt_overrides_reach_every_node_without_forking() {
+    let script = Script::new()
+        .on_schema(
+            "ExtractedTask",
+            Reply::sequence(vec![
+                extracted("Get the current weather in Prague", false),
+                extracted("Something vague", false),
+                extracted("Get the current weather in Prague", false),
+            ]),
+        )
+        .on_schema("CapabilitySelection", selection(&["current_weather"]))
+        .on_schema(
+            "ExecutionPlan",
+            Reply::sequence(vec![
+                Reply::json(weather_plan("Prague", "weather_prague")),
+                Reply::json(json!({"steps": [{"context_key": "ask", "capability": "clarify", "task_objective": "Ask what they mean",
+                    "success_criteria": "asked", "inputs": []}]})),
+                Reply::json(weather_plan("Prague", "weather_prague_2")),
+            ]),
+        )
+        .on_schema(
+            "LocationExtraction",
+            Reply::sequence(vec![Reply::json(json!({"location": "Prague"})), Reply::fault(Fault::Unauthorized)]),
+        )
+        .on_schema(
+            "ClarifyingQuestionsResponse",
+            Reply::json(json!({"reason": "vague", "questions": ["What do you mean?"], "missing_info": []})),
+        )
+        .on_prompt_containing("MARK-ERROR", Reply::text("The credentials were refused."))
+        .on_plain(Reply::text("Mild and rainy in Prague."));
+    let prompts = PromptOverrides {
+        classifier: Some(Arc::new(MarkedClassifier)),
+        orchestrator: Some(Arc::new(MarkedPlanner)),
+        response: Some(Arc::new(MarkedResponder)),
+        clarification: Some(Arc::new(MarkedClarifier)),
+        error_analysis: Some(Arc::new(MarkedAnalyst)),
+        ..hello_world_weather::prompts::prompt_overrides()
+    };
+    let h = harness_with(script, ClassifierMode::Batched, |_| {}, prompts).await;
+    assert_eq!(h.send("t", "What's the weather in Prague?").await.status, TurnStatus::Completed);
+    assert_eq!(h.send("t", "Hmm?").await.status, TurnStatus::Completed);
+    let failed = h.send("t", "What's the weather in Prague again?").await;
+    assert_eq!(failed.status, TurnStatus::Failed);
+    assert!(failed.response.expect("report").contains("The credentials were refused."));
+    assert!(last_prompt(&h.calls("CapabilitySelection")).contains("MARK-CLASSIFIER"));
+    let planning = h.calls("ExecutionPlan")[0].prompt_text();
+    assert!(planning.contains("MARK-ORCHESTRATOR"), "{planning}");
+    assert!(planning.contains("MARK-RESPOND-GUIDE"), "respond is planned as its override describes it: {planning}");
+    assert!(h.plain_calls().iter().any(|request| request.prompt_text().contains("MARK-RESPOND")));
+    assert!(last_prompt(&h.calls("ClarifyingQuestionsResponse")).contains("MARK-CLARIFY"));
+    assert!(h.plain_calls().iter().any(|request| request.prompt_text().contains("MARK-ERROR")));
+}
+
+#[tokio::test]
+async fn an_edited_plan_file_that_cannot_be_used_is_refused_not_ignored() {
+    for (case, write) in [("garbled", true), ("unreadable", false)] {
+        let h = harness(weather_script(), ClassifierMode::Batched).await;
+        assert_eq!(h.send("t", "/planning What's the weather in Prague?").await.status, TurnStatus::Interrupted);
+        let modified = h.pending_plan("t").with_file_name("modified_execution_plan.json");
+        if write {
+            std::fs::write(&modified, "{not json").expect("write");
+        } else {
+            std::fs::create_dir(&modified).expect("a directory where the file should be");
+        }
+        let again = h.send("t", "yes").await;
+        assert!(h.calls("LocationExtraction").is_empty(), "{case}: neither the edit nor the original plan ran");
+        assert_eq!(h.calls("ExecutionPlan").len(), 2, "{case}: planned again");
+        assert!(last_prompt(&h.calls("ExecutionPlan")).contains("REPLANNING"), "{case}: the planner is told why");
+        if write {
+            assert_eq!(again.status, TurnStatus::Interrupted, "{case}: a new plan is asked for: {:?}", again.response);
+        } else {
+            // The new plan cannot be offered while the stale edit cannot be removed: the turn
+            // ends in a report naming the path rather than asking over a broken data directory.
+            assert_eq!(again.status, TurnStatus::Failed, "{case}");
+            assert!(again.response.expect("report").contains("modified_execution_plan.json"), "{case}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn forwarded_slash_commands_reach_the_capabilities_of_their_turn_only() {
+    let h = harness(weather_script(), ClassifierMode::Batched).await;
+    assert_eq!(h.send("t", "/chat:echo").await.status, TurnStatus::Updated);
+    let with = h.send("t", "/beam:fast /verbose hi").await;
+    assert_eq!(with.response.as_deref(), Some("echo: hi /beam=\"fast\" /verbose=true"));
+    let without = h.send("t", "hi again").await;
+    assert_eq!(without.response.as_deref(), Some("echo: hi again"), "they last one turn");
+}
+
+#[tokio::test]
+async fn approval_commands_take_effect_within_the_operators_policy() {
+    // Lowering approvals is refused unless the configuration allows it.
+    let h = harness(memory_script("My shift starts at 7am"), ClassifierMode::Batched).await;
+    let refused =
+        h.agent.send("t", "/approval:off Remember that my shift starts at 7am", &Session::new("ada", "cli"), TurnOptions::default()).await;
+    assert!(matches!(refused, Err(AgentError::Gateway(_))), "{refused:?}");
+    assert!(h.server.chat_requests().is_empty(), "nothing ran");
+
+    // Allowed by the configuration, /approval:off saves without asking.
+    let allow = |settings: &mut AgentSettings| settings.approval.allow_chat_override = true;
+    let h = harness_with(memory_script("My shift starts at 7am"), ClassifierMode::Batched, allow, PromptOverrides::default()).await;
+    let saved = h.send("t", "/approval:off Remember that my shift starts at 7am").await;
+    assert_eq!(saved.status, TurnStatus::Completed, "{:?}", saved.response);
+    assert!(h.data_dir.join("user_memory").join("ada.json").exists(), "saved without an approval");
+
+    // With memory approvals off in the configuration, /approval still makes the save ask.
+    let no_memory_approval = |settings: &mut AgentSettings| settings.approval.capabilities.memory.enabled = false;
+    let h = harness_with(memory_script("My shift starts at 7am"), ClassifierMode::Batched, no_memory_approval, PromptOverrides::default())
+        .await;
+    let plain = h.send("t", "Remember that my shift starts at 7am").await;
+    assert_eq!(plain.status, TurnStatus::Completed, "the configuration does not ask");
+    let h = harness_with(memory_script("My shift starts at 7am"), ClassifierMode::Batched, no_memory_approval, PromptOverrides::default())
+        .await;
+    let asked = h.send("t", "/approval Remember that my shift starts at 7am").await;
+    assert_eq!(asked.status, TurnStatus::Interrupted, "/approval asks for every approvable action");
+    assert!(!h.data_dir.join("user_memory").join("ada.json").exists());
+}
+
+#[tokio::test]
+async fn acceptance_case_22_a_time_range_across_the_clock_change_reaches_respond_in_local_time() {
+    let script = Script::new()
+        .on_schema("ExtractedTask", extracted("Show the beam current from March 7 noon to March 9 noon", false))
+        .on_schema("CapabilitySelection", selection(&["time_range_parsing"]))
+        .on_schema(
+            "ExecutionPlan",
+            Reply::json(json!({"steps": [
+                {"context_key": "tr_0307_0309", "capability": "time_range_parsing", "task_objective": "Parse March 7 noon to March 9 noon",
+                 "success_criteria": "range", "inputs": []},
+                {"context_key": "answer", "capability": "respond", "task_objective": "Answer", "success_criteria": "ok",
+                 "inputs": [{"TIME_RANGE": "tr_0307_0309"}]}]})),
+        )
+        .on_schema(
+            "TimeRangeOutput",
+            Reply::json(json!({"start_date": "2026-03-07 12:00:00", "end_date": "2026-03-09T19:00:00Z", "found": true})),
+        )
+        .on_plain(Reply::text("Here is the range."));
+    let h = harness(script, ClassifierMode::Batched).await;
+    let result = h.send("t", "Beam current from March 7 noon to March 9 noon").await;
+    assert_eq!(result.status, TurnStatus::Completed, "{:?}", result.response);
+    let range = result.state.expect("state").capability_context_data.entry("TIME_RANGE", "tr_0307_0309").expect("stored").data.clone();
+    assert_eq!(range["start_date"], "2026-03-07T12:00:00-08:00", "naive times are facility time (PST)");
+    assert_eq!(range["end_date"], "2026-03-09T12:00:00-07:00", "UTC is converted to facility time (PDT after the change)");
+    assert_eq!(range["timezone_name"], "America/Los_Angeles");
+    let respond = last_prompt(&h.plain_calls());
+    assert!(respond.contains("America/Los_Angeles"), "respond labels times with the facility timezone: {respond}");
 }

@@ -90,19 +90,6 @@ impl PendingPlans {
         }
     }
 
-    /// The edited plan, if a plan editor wrote one: `Ok(None)` when absent, an error naming the
-    /// file when it cannot be read or is not a plan (`__metadata__` is ignored).
-    pub fn load_modified(&self) -> Result<Option<ExecutionPlan>, String> {
-        let path = self.modified_path();
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => return Err(format!("cannot read {}: {error}", path.display())),
-        };
-        let value: Value = serde_json::from_str(&text).map_err(|error| format!("{} is not valid JSON: {error}", path.display()))?;
-        parse_plan(value).map(Some).map_err(|problem| format!("{}: {problem}", path.display()))
-    }
-
     /// Removes both files and, when empty, the folder. Failures are reported, not fatal: the
     /// next [`PendingPlans::save`] clears a stale edited plan anyway.
     pub fn clear(&self) -> Vec<(PathBuf, io::Error)> {
@@ -197,9 +184,13 @@ mod tests {
         assert_eq!(saved["__metadata__"]["serialization_type"], "pending_execution_plan");
         assert_eq!(saved["__metadata__"]["original_query"], "hi!");
         assert_eq!(parse_plan(saved).expect("the saved file is a plan"), plan);
-        assert_eq!(pending.load_modified(), Ok(None));
+        assert_eq!(pending.load_modified_value(), Ok(None));
         std::fs::write(pending.modified_path(), "not json").expect("write");
-        assert!(pending.load_modified().expect_err("bad file").contains("modified_execution_plan.json"));
+        assert_eq!(pending.load_modified_value(), Ok(Some(Value::String("not json".into()))), "kept, so it is refused, not ignored");
+        std::fs::remove_file(pending.modified_path()).expect("remove");
+        std::fs::create_dir(pending.modified_path()).expect("a directory where the file should be");
+        assert!(pending.load_modified_value().expect_err("unreadable").contains("modified_execution_plan.json"));
+        std::fs::remove_dir(pending.modified_path()).expect("remove");
         assert!(pending.clear().is_empty());
         assert!(!pending.dir().exists());
     }
