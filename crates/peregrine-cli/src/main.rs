@@ -42,18 +42,14 @@ enum Command {
         #[arg(long, default_value_t = 160)]
         max_tokens: u32,
     },
-    /// Measures graph-step overhead, durable steps, interrupts and state reads; writes
-    /// `<out>.json` and `<out>.md`. Build with --release for meaningful numbers.
+    /// Benchmarks; each writes `<out>.json` and `<out>.md`. Build with --release for meaningful
+    /// numbers. Without a suite: the graph engine (`bench graph`).
+    #[command(args_conflicts_with_subcommands = true)]
     Bench {
-        /// Output path without extension.
-        #[arg(long, default_value = "bench-results/graph")]
-        out: PathBuf,
-        /// Measured runs per scenario.
-        #[arg(long, default_value_t = bench::DEFAULT_REPEATS)]
-        repeats: usize,
-        /// Fewer repeats and a shorter conversation (a smoke run).
-        #[arg(long)]
-        quick: bool,
+        #[command(subcommand)]
+        suite: Option<BenchSuite>,
+        #[command(flatten)]
+        graph: GraphBenchArgs,
     },
     /// Lists threads, or shows one thread's checkpoints.
     Threads {
@@ -65,13 +61,41 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum BenchSuite {
+    /// Measures graph-step overhead, durable steps, interrupts and state reads (the default).
+    Graph(GraphBenchArgs),
+    /// Measures whole agent turns of the weather example: LLM calls, prompt bytes and framework
+    /// overhead per turn, turn time against a 200 ms model, and (with --model) classifier accuracy.
+    Turn(bench::turn::TurnBenchArgs),
+}
+
+/// `peregrine bench graph` options.
+#[derive(clap::Args)]
+struct GraphBenchArgs {
+    /// Output path without extension.
+    #[arg(long, default_value = "bench-results/graph")]
+    out: PathBuf,
+    /// Measured runs per scenario.
+    #[arg(long, default_value_t = bench::DEFAULT_REPEATS)]
+    repeats: usize,
+    /// Fewer repeats and a shorter conversation (a smoke run).
+    #[arg(long)]
+    quick: bool,
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run { message, thread, model, max_tokens } => run_turn(&cli.db, &thread, &message, model.as_deref(), max_tokens).await,
         Command::Threads { thread, delete } => threads(&cli.db, thread.as_deref(), delete).await,
-        Command::Bench { out, repeats, quick } => bench::run(&bench::BenchOptions { out, repeats, quick }).await.map(drop),
+        Command::Bench { suite, graph } => match suite.unwrap_or(BenchSuite::Graph(graph)) {
+            BenchSuite::Graph(GraphBenchArgs { out, repeats, quick }) => {
+                bench::run(&bench::BenchOptions { out, repeats, quick }).await.map(drop)
+            }
+            BenchSuite::Turn(args) => bench::turn::run(&args).await.map(drop),
+        },
     }
 }
 

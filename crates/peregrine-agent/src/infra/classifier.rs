@@ -45,16 +45,26 @@ pub struct CapabilitySelection {
     pub selected: Vec<String>,
 }
 
+/// The longest `reasoning` the batched selection schema allows.
+pub const MAX_REASONING_CHARS: usize = 400;
+
 /// The `CapabilitySelection` schema with `selected` narrowed to the candidates' names, so a
 /// provider with native structured output cannot name anything else (the answer is still
 /// checked, since not every provider enforces schemas).
 pub fn selection_schema<'a>(candidates: impl IntoIterator<Item = &'a str>) -> ResponseSchema {
     let mut schema = schema_for::<CapabilitySelection>();
     let names: Vec<serde_json::Value> = candidates.into_iter().map(serde_json::Value::from).collect();
+    let count = names.len();
     let items = serde_json::json!({ "type": "string", "enum": names });
     if let Some(selected) = schema.schema.pointer_mut("/properties/selected").and_then(serde_json::Value::as_object_mut) {
         selected.insert("items".into(), items);
         selected.insert("uniqueItems".into(), serde_json::Value::Bool(true));
+        // Bounds keep a grammar-constrained local model from running away (repeating names,
+        // endless reasoning) until it hits the token cap.
+        selected.insert("maxItems".into(), serde_json::Value::from(count));
+    }
+    if let Some(reasoning) = schema.schema.pointer_mut("/properties/reasoning").and_then(serde_json::Value::as_object_mut) {
+        reasoning.insert("maxLength".into(), serde_json::Value::from(MAX_REASONING_CHARS));
     }
     schema
 }

@@ -13,6 +13,7 @@
 mod graph;
 mod report;
 mod scenarios;
+pub mod turn;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

@@ -273,6 +273,8 @@ fn selection_schema_keeps_the_type_name_and_narrows_only_the_names() {
     assert_eq!(schema.name, "CapabilitySelection");
     assert_eq!(schema.schema["properties"]["selected"]["items"], serde_json::json!({"type": "string", "enum": ["a", "b"]}));
     assert_eq!(schema.schema["properties"]["reasoning"]["type"], "string");
+    assert_eq!(schema.schema["properties"]["selected"]["maxItems"], 2, "no more names than candidates");
+    assert_eq!(schema.schema["properties"]["reasoning"]["maxLength"], super::MAX_REASONING_CHARS);
     assert_eq!(schema_for::<CapabilityMatch>().name, "CapabilityMatch");
 }
 
