@@ -16,7 +16,6 @@ use serde_json::Value;
 
 use crate::catalog::Catalog;
 use crate::respond::format_chat_history;
-use crate::respond::llm_failure;
 use crate::services::Services;
 
 /// At most this many questions reach the user.
@@ -238,7 +237,7 @@ impl Capability for ClarifyCapability {
         let prompt = self.prompts.build(&context);
         let options = CallOptions { events: Some(input.events), component: Some(CLARIFY) };
         let response: ClarifyingQuestionsResponse =
-            self.services.llm.structured(roles::RESPONSE, vec![ChatMessage::user(prompt)], options).await.map_err(llm_failure)?;
+            self.services.llm.structured(roles::RESPONSE, vec![ChatMessage::user(prompt)], options).await.map_err(CapabilityError::from)?;
         let questions = validate_questions(response)?;
         Ok(CapabilityOutcome::Done(AgentStateUpdate::message(Message::assistant(format_questions(&questions)))))
     }

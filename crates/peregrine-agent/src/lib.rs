@@ -17,6 +17,8 @@ pub mod respond;
 pub mod router;
 pub mod services;
 pub mod settings;
+#[cfg(test)]
+mod test_support;
 
 pub use agent::{Agent, AgentBuilder, AgentError, PromptOverrides, TurnOptions, TurnResult, TurnStatus};
 pub use assembly::{AgentGraphBuilder, AssemblyError};

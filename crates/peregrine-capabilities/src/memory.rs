@@ -19,7 +19,7 @@ use peregrine_core::{
     AgentEvent, ApprovalAnswer, ApprovalDecision, ApprovalRequest, Capability, CapabilityError, CapabilityInput, CapabilityOutcome,
     CapabilitySpec, ContextType, ErrorClassification, approval_message,
 };
-use peregrine_llm::{CallOptions, LlmError, roles};
+use peregrine_llm::{CallOptions, roles};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -175,7 +175,7 @@ impl MemoryCapability {
             .llm
             .structured(roles::MEMORY, self.prompts.extraction_messages(&request), Self::options(input))
             .await
-            .map_err(llm_error)?;
+            .map_err(CapabilityError::from)?;
         let content = extraction.content.trim();
         if !extraction.found || content.is_empty() {
             let message = format!("found no content to save to memory ({})", extraction.explanation.trim());
@@ -284,7 +284,7 @@ impl Capability for MemoryCapability {
             .llm
             .structured(roles::CLASSIFIER, self.prompts.operation_messages(input.task_objective()), Self::options(&input))
             .await
-            .map_err(llm_error)?;
+            .map_err(CapabilityError::from)?;
         match classification.operation {
             MemoryOperation::Retrieve => self.retrieve(&input, user_id).await,
             MemoryOperation::Save => self.save(&input, user_id).await,
@@ -330,11 +330,6 @@ fn edited_content(edit: &Value) -> Result<String, CapabilityError> {
 fn critical(message: impl Into<String>) -> CapabilityError {
     let message = message.into();
     CapabilityError::new(message.clone()).classified(ErrorClassification::critical(message))
-}
-
-fn llm_error(error: LlmError) -> CapabilityError {
-    let classification = error.classification();
-    CapabilityError::from_error(error).classified(classification)
 }
 
 fn storage_error(error: MemoryError) -> CapabilityError {

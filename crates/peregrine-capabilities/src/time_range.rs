@@ -164,13 +164,12 @@ impl Capability for TimeRangeCapability {
         let now = (self.clock)().with_timezone(&self.services.settings.timezone);
         let query = input.task_objective();
         let options = CallOptions { events: Some(input.events), component: Some(TIME_RANGE_CAPABILITY) };
-        let output: TimeRangeOutput =
-            self.services.llm.structured(roles::TIME_PARSING, self.prompts.parsing_messages(query, &now), options).await.map_err(
-                |error| {
-                    let classification = error.classification();
-                    CapabilityError::from_error(error).classified(classification)
-                },
-            )?;
+        let output: TimeRangeOutput = self
+            .services
+            .llm
+            .structured(roles::TIME_PARSING, self.prompts.parsing_messages(query, &now), options)
+            .await
+            .map_err(CapabilityError::from)?;
         let context = parse::validate(&output, query, &now).map_err(|error| {
             let classification = error.classification();
             CapabilityError::from_error(error).classified(classification)

@@ -152,10 +152,7 @@ impl Capability for DemoRespond {
             ChatMessage::user(task),
         ];
         let options = CallOptions { events: Some(input.events), component: Some(RESPOND) };
-        let response = llm.complete_streaming(roles::RESPONSE, messages, options).await.map_err(|error| {
-            let classification = error.classification();
-            CapabilityError::from_error(error).classified(classification)
-        })?;
+        let response = llm.complete_streaming(roles::RESPONSE, messages, options).await.map_err(CapabilityError::from)?;
         Ok(CapabilityOutcome::Done(AgentStateUpdate::message(Message::assistant(response.content.trim()))))
     }
 }

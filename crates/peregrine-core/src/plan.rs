@@ -175,6 +175,14 @@ fn format_available(available: &[String]) -> String {
     if available.is_empty() { "none".into() } else { available.join(", ") }
 }
 
+/// A plan that does not validate fails its node with the validation's classification.
+impl From<PlanValidationError> for crate::capability::CapabilityError {
+    fn from(error: PlanValidationError) -> Self {
+        let classification = error.classification();
+        Self::from_error(error).classified(classification)
+    }
+}
+
 impl PlanValidationError {
     /// The severity the router acts on: unknown capabilities re-classify, bad references re-plan.
     pub fn severity(&self) -> ErrorSeverity {

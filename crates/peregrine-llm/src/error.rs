@@ -87,6 +87,15 @@ impl std::fmt::Display for LlmError {
 
 impl std::error::Error for LlmError {}
 
+/// A node or capability whose LLM call failed fails with the LLM layer's classification
+/// (RETRIABLE transient faults and invalid output, CRITICAL configuration and authentication).
+impl From<LlmError> for peregrine_core::CapabilityError {
+    fn from(error: LlmError) -> Self {
+        let classification = error.classification();
+        Self::from_error(error).classified(classification)
+    }
+}
+
 impl LlmError {
     /// An error of `kind` at `provider`/`model`.
     pub fn new(kind: LlmErrorKind, provider: impl Into<String>, model: impl Into<String>, message: impl Into<String>) -> Self {

@@ -22,7 +22,7 @@ use peregrine_core::{
     ErrorClassification, ExecutionPlan, PlanValidationError, RetryPolicy, Slot, approval_message, validate_plan,
 };
 use peregrine_graph::NodeContext;
-use peregrine_llm::{CallOptions, ChatMessage, LlmError, roles};
+use peregrine_llm::{CallOptions, ChatMessage, roles};
 use serde_json::Value;
 
 use self::pending::{PendingPlans, PlanMetadata, parse_plan};
@@ -177,11 +177,8 @@ impl Orchestrator {
             .llm
             .structured_with_schema(roles::ORCHESTRATOR, vec![ChatMessage::user(prompt)], schema, options)
             .await
-            .map_err(llm_failure)?;
-        let plan = self.validate(plan, task, state).map_err(|error| {
-            let classification = error.classification();
-            CapabilityError::from_error(error).classified(classification)
-        })?;
+            .map_err(CapabilityError::from)?;
+        let plan = self.validate(plan, task, state)?;
         if state.agent_control.planning_mode_enabled {
             return self.request_approval(state, ctx, task, plan);
         }
@@ -285,11 +282,6 @@ fn clear_pending(pending: &PendingPlans) {
     for (path, error) in pending.clear() {
         tracing::warn!(path = %path.display(), %error, "could not remove a pending plan file");
     }
-}
-
-fn llm_failure(error: LlmError) -> CapabilityError {
-    let classification = error.classification();
-    CapabilityError::from_error(error).classified(classification)
 }
 
 /// The update installing `plan`, announced as a `PlanCreated` event.

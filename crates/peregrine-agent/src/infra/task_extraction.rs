@@ -130,7 +130,7 @@ impl TaskExtraction {
         let sink = NodeEvents(ctx);
         let options = CallOptions { events: Some(&sink), component: Some(TASK_EXTRACTION) };
         let extracted: ExtractedTask =
-            self.services.llm.structured(roles::TASK_EXTRACTION, messages, options).await.map_err(llm_failure)?;
+            self.services.llm.structured(roles::TASK_EXTRACTION, messages, options).await.map_err(CapabilityError::from)?;
         let task = extracted.task.trim();
         if task.is_empty() {
             let message = "the task-extraction model returned no task (an empty `task` field)";
@@ -142,13 +142,6 @@ impl TaskExtraction {
             depends_on_user_memory: extracted.depends_on_user_memory,
         })
     }
-}
-
-/// An LLM failure with its classification attached (RETRIABLE transient faults and invalid
-/// output, CRITICAL configuration and authentication problems).
-fn llm_failure(error: LlmError) -> CapabilityError {
-    let classification = error.classification();
-    CapabilityError::from_error(error).classified(classification)
 }
 
 fn elapsed_ms(started: Instant) -> u64 {

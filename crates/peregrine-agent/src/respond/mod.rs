@@ -152,12 +152,6 @@ pub fn facility_datetime(now: DateTime<Utc>, timezone: chrono_tz::Tz) -> String 
     format!("{} ({})", now.with_timezone(&timezone).format("%Y-%m-%d %H:%M %z"), timezone.name())
 }
 
-/// An LLM failure as a capability error carrying the LLM layer's classification.
-pub(crate) fn llm_failure(error: LlmError) -> CapabilityError {
-    let classification = error.classification();
-    CapabilityError::from_error(error).classified(classification)
-}
-
 impl Capability for RespondCapability {
     fn spec(&self) -> &CapabilitySpec {
         &self.spec
@@ -184,8 +178,12 @@ impl Capability for RespondCapability {
         tracing::debug!(mode = ?context.mode, inputs = context.relevant_context.len(), "generating the response");
         let prompt = self.prompts.build(&context);
         let options = CallOptions { events: Some(input.events), component: Some(RESPOND) };
-        let response =
-            self.services.llm.complete_streaming(roles::RESPONSE, vec![ChatMessage::user(prompt)], options).await.map_err(llm_failure)?;
+        let response = self
+            .services
+            .llm
+            .complete_streaming(roles::RESPONSE, vec![ChatMessage::user(prompt)], options)
+            .await
+            .map_err(CapabilityError::from)?;
         let answer = response.content.trim();
         if answer.is_empty() {
             return Err(CapabilityError::new(EMPTY_ANSWER)

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use chrono::Utc;
 use peregrine_core::state::{ErrorInfo, NodeKind};
 use peregrine_core::{CapabilitySpec, ClassifierExample, ClassifierGuide, ContextEntry, GraphState, Requirement};
-use peregrine_graph::RunEvent;
 use peregrine_llm::{ChatRequest, ChatResponse, EventStream, FakeProvider, LlmErrorKind, LlmProvider, ProviderFeatures};
 
 use super::*;
@@ -84,16 +83,7 @@ fn classifier(client: peregrine_llm::LlmClient, mode: ClassifierMode) -> Classif
 }
 
 async fn run(node: &Classifier, state: &AgentState) -> (Result<CapabilityOutcome, CapabilityError>, Vec<AgentEvent>) {
-    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
-    let ctx = NodeContext::standalone("thread", CLASSIFIER).with_events(sender);
-    let result = node.execute(state, &ctx).await;
-    let mut events = Vec::new();
-    while let Ok(event) = receiver.try_recv() {
-        if let RunEvent::Custom(event) = event {
-            events.push(event);
-        }
-    }
-    (result, events)
+    crate::test_support::run_node(node, state).await
 }
 
 fn update_of(result: Result<CapabilityOutcome, CapabilityError>) -> AgentStateUpdate {

@@ -8,7 +8,6 @@ use chrono::TimeZone;
 use peregrine_core::capability::BoxFuture;
 use peregrine_core::state::{Message, Role, session_keys};
 use peregrine_core::{ErrorSeverity, GraphState};
-use peregrine_graph::RunEvent;
 use peregrine_llm::{ChatRequest, FakeProvider, LlmErrorKind};
 
 use super::*;
@@ -113,16 +112,7 @@ fn long_conversation() -> AgentState {
 }
 
 async fn run(node: &TaskExtraction, state: &AgentState) -> (Result<CapabilityOutcome, CapabilityError>, Vec<AgentEvent>) {
-    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
-    let ctx = NodeContext::standalone("thread", TASK_EXTRACTION).with_events(sender);
-    let result = node.execute(state, &ctx).await;
-    let mut events = Vec::new();
-    while let Ok(event) = receiver.try_recv() {
-        if let RunEvent::Custom(event) = event {
-            events.push(event);
-        }
-    }
-    (result, events)
+    crate::test_support::run_node(node, state).await
 }
 
 fn task_of(result: Result<CapabilityOutcome, CapabilityError>) -> TaskState {
