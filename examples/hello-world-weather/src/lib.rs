@@ -4,6 +4,7 @@
 //! service; plus the template's task-extraction prompts and, for benchmarks, stand-in
 //! capabilities of other domains.
 
+pub mod app;
 pub mod bench_support;
 pub mod capability;
 pub mod context;
@@ -14,6 +15,7 @@ pub mod prompts;
 use peregrine_agent::Services;
 use peregrine_core::{Registry, RegistryError};
 
+pub use app::WeatherApp;
 pub use bench_support::{StandInCapability, extra_capabilities, register_extra_capabilities};
 pub use capability::{CurrentWeatherCapability, DEFAULT_LOCATION, LOCATION_EXTRACTION_ROLE, LocationExtraction, WeatherError};
 pub use context::CurrentWeatherContext;

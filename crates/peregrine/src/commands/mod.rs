@@ -1,0 +1,8 @@
+//! One module per command.
+
+pub mod chat;
+pub mod config_cmd;
+pub mod health;
+pub mod init;
+pub mod run;
+pub mod threads;

@@ -1,0 +1,49 @@
+//! Peregrine applications: `config.yml` (Osprey-compatible), the agent runtime and the command
+//! line. An application built on Peregrine gets every command — `chat`, `run`, `init`,
+//! `health`, `config`, `threads`, `completions` — from one call:
+//!
+//! ```no_run
+//! use peregrine::{Application, Registry, RegistryError, Services};
+//!
+//! struct MyApp;
+//!
+//! impl Application for MyApp {
+//!     fn name(&self) -> &str {
+//!         "my-app"
+//!     }
+//!     fn register(&self, _registry: &mut Registry, _services: &Services) -> Result<(), RegistryError> {
+//!         Ok(())
+//!     }
+//! }
+//!
+//! fn main() -> std::process::ExitCode {
+//!     peregrine::main(MyApp)
+//! }
+//! ```
+//!
+//! The framework crates are re-exported (`peregrine::core`, `peregrine::agent`, …) so an
+//! application needs only this dependency.
+
+pub mod app;
+pub mod cli;
+mod commands;
+pub mod config;
+pub mod output;
+pub mod runtime;
+
+pub use app::{Application, FrameworkApp, main};
+pub use peregrine_agent::{PromptOverrides, Services};
+pub use peregrine_core::{Registry, RegistryError};
+
+/// The agent: gateway, infrastructure nodes, prompts, graph assembly.
+pub use peregrine_agent as agent;
+/// Built-in capabilities.
+pub use peregrine_capabilities as capabilities;
+/// Checkpoint stores.
+pub use peregrine_checkpoint as checkpoint;
+/// The framework's vocabulary: state, capabilities, errors, plans, events.
+pub use peregrine_core as core;
+/// The durable graph engine.
+pub use peregrine_graph as graph;
+/// The LLM layer.
+pub use peregrine_llm as llm;

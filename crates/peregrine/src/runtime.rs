@@ -1,0 +1,115 @@
+//! Builds the agent an application runs on from a [`Config`]: the LLM client, the checkpoint
+//! store, the framework's and the application's capabilities.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use peregrine_agent::{Agent, Services};
+use peregrine_capabilities::{MemoryCapability, MemoryStore, TimeRangeCapability, UserMemoryDataSource};
+use peregrine_checkpoint::{MemoryCheckpointer, PostgresCheckpointer, SqliteCheckpointer};
+use peregrine_core::Registry;
+use peregrine_graph::DynCheckpointer;
+use peregrine_llm::LlmClient;
+
+use crate::app::Application;
+use crate::config::{CheckpointerConfig, Config};
+
+/// Opens the checkpoint store the configuration names (creating a SQLite file's directory).
+pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn DynCheckpointer>> {
+    Ok(match &config.checkpointer {
+        CheckpointerConfig::Sqlite { path } => {
+            if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).with_context(|| format!("cannot create the checkpoint directory {}", parent.display()))?;
+            }
+            let store =
+                SqliteCheckpointer::open(path).await.with_context(|| format!("cannot open the checkpoint file {}", path.display()))?;
+            Arc::new(store)
+        }
+        CheckpointerConfig::Postgres { url, pool_size } => {
+            let store = match pool_size {
+                Some(size) => PostgresCheckpointer::connect_with_pool_size(url.expose(), *size).await,
+                None => PostgresCheckpointer::connect(url.expose()).await,
+            };
+            // The error may quote the URL; it never reaches the output unredacted.
+            Arc::new(
+                store.map_err(|error| anyhow::anyhow!("cannot open the PostgreSQL checkpointer: {}", config.redact(&error.to_string())))?,
+            )
+        }
+        CheckpointerConfig::Memory => Arc::new(MemoryCheckpointer::new()),
+    })
+}
+
+/// The LLM client of the configuration (recording calls when `development.api_calls.save_all`).
+pub fn llm_client(config: &Config) -> anyhow::Result<Arc<LlmClient>> {
+    let mut client = LlmClient::from_config(config.llm.clone()).map_err(|error| anyhow::anyhow!(config.redact(&error.to_string())))?;
+    if config.development.save_api_calls {
+        let dir = config.settings.agent_data_dir.join("api_calls");
+        client = client.record_calls_to(&dir).map_err(|error| anyhow::anyhow!("cannot record LLM calls in {}: {error}", dir.display()))?;
+    }
+    Ok(Arc::new(client))
+}
+
+/// The assembled agent of `app` on `config`.
+pub async fn agent(config: &Config, app: &dyn Application) -> anyhow::Result<Agent> {
+    let store = open_store(config).await?;
+    agent_on(config, app, store)
+}
+
+/// The assembled agent of `app` on `config` with an already opened store.
+pub fn agent_on(config: &Config, app: &dyn Application, store: Arc<dyn DynCheckpointer>) -> anyhow::Result<Agent> {
+    let services = Services::new(llm_client(config)?, config.settings.clone());
+    let mut registry = Registry::new();
+    let mut builder_sources = Vec::new();
+    if app.framework_capabilities() {
+        let memory = MemoryStore::new(&config.settings.agent_data_dir);
+        registry.register(MemoryCapability::new(services.clone(), memory.clone())).context("registering memory")?;
+        registry.register(TimeRangeCapability::new(services.clone())).context("registering time_range_parsing")?;
+        builder_sources.push(Arc::new(UserMemoryDataSource::new(memory)) as Arc<dyn peregrine_agent::DataSource>);
+    }
+    app.register(&mut registry, &services).with_context(|| format!("{} cannot register its capabilities", app.name()))?;
+    builder_sources.extend(app.data_sources(&services));
+    let mut builder = Agent::builder(registry, services).checkpointer(store).prompts(app.prompts());
+    for source in builder_sources {
+        builder = builder.data_source(source);
+    }
+    builder.build().context("the agent cannot be assembled")
+}
+
+/// The agent of `app` for reading threads only: no LLM provider is built (no model is loaded),
+/// so listing and showing threads is instant; a turn on it would fail with a configuration error.
+pub fn reader_agent(config: &Config, app: &dyn Application, store: Arc<dyn DynCheckpointer>) -> anyhow::Result<Agent> {
+    let services = Services::new(Arc::new(LlmClient::new(peregrine_llm::LlmConfig::default())), config.settings.clone());
+    let mut registry = Registry::new();
+    if app.framework_capabilities() {
+        let memory = MemoryStore::new(&config.settings.agent_data_dir);
+        registry.register(MemoryCapability::new(services.clone(), memory)).context("registering memory")?;
+        registry.register(TimeRangeCapability::new(services.clone())).context("registering time_range_parsing")?;
+    }
+    app.register(&mut registry, &services).with_context(|| format!("{} cannot register its capabilities", app.name()))?;
+    Agent::builder(registry, services).checkpointer(store).build().context("the agent cannot be assembled")
+}
+
+/// Where a thread stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThreadStatus {
+    /// Its last run finished; the next message starts a turn.
+    Idle,
+    /// It waits for an approval; the next message answers it.
+    Interrupted,
+    /// A run was cut off (crash, kill, Ctrl-C); `run --resume` finishes it.
+    Unfinished,
+}
+
+impl ThreadStatus {
+    /// The status of a thread's latest snapshot.
+    pub fn of<S>(snapshot: &peregrine_graph::StateSnapshot<S>) -> Self {
+        if snapshot.meta.interrupt.is_some() {
+            Self::Interrupted
+        } else if snapshot.next.is_some() {
+            Self::Unfinished
+        } else {
+            Self::Idle
+        }
+    }
+}
