@@ -30,6 +30,7 @@ mod commands;
 pub mod config;
 pub mod output;
 pub mod runtime;
+pub mod turn;
 
 pub use app::{Application, FrameworkApp, main};
 pub use peregrine_agent::{PromptOverrides, Services};
