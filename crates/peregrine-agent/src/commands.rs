@@ -107,7 +107,7 @@ pub enum Builtin {
 
 /// Name, aliases, syntax and description of every framework command, for `/help`.
 pub const BUILTINS: &[(Builtin, &str, &[&str], &str, &str)] = &[
-    (Builtin::Help, "help", &["h", "?"], "/help [command]", "Show the commands, or help for one"),
+    (Builtin::Help, "help", &["h"], "/help [command]", "Show the commands, or help for one"),
     (Builtin::Exit, "exit", &["quit", "bye", "q"], "/exit", "Leave direct chat, or the interface"),
     (
         Builtin::Planning,

@@ -162,7 +162,11 @@ async fn dispatch(cli: Cli, app: &dyn Application, out: &Output, mut command: cl
         }
         Command::Init(args) => {
             init_tracing(out.verbosity, None, global.log_file.as_deref(), out.color_stderr).map_err(Failure::from)?;
-            init::run(&args, out)?;
+            // A bad name, a non-empty directory or a missing checkout is a usage error (exit 2).
+            init::run(&args, out).map_err(|error| match error.downcast_ref::<init::InitError>() {
+                Some(init::InitError::Io { .. }) | None => Failure::from(error),
+                Some(_) => Failure::usage(format!("{error:#}")),
+            })?;
             return Ok(ExitCode::SUCCESS);
         }
         _ => {}
@@ -171,7 +175,9 @@ async fn dispatch(cli: Cli, app: &dyn Application, out: &Output, mut command: cl
     let log_file = global.log_file.clone().or_else(|| config.logging.file.clone());
     init_tracing(out.verbosity, config.logging.level.as_deref(), log_file.as_deref(), out.color_stderr)
         .map_err(|error| Failure::usage(format!("{error:#}")))?;
-    report_config(&config, out);
+    if !matches!(cli.command, Command::Config(_)) {
+        report_config(&config, out);
+    }
     match cli.command {
         Command::Chat(args) => chat::run(&args, &config, app, out).await?,
         Command::Run(args) => return run::run(&args, &config, app, out).await,
@@ -197,8 +203,12 @@ fn report_config(config: &Config, out: &Output) {
         None if out.verbose() => out.note("configuration: the embedded defaults (no config.yml)"),
         _ => {}
     }
-    if !config.ignored_keys.is_empty() {
-        out.note(&format!("ignored (Peregrine does not use them): {}", config.ignored_keys.join(", ")));
+    match config.ignored_keys.len() {
+        0 => {}
+        _ if out.verbose() => out.note(&format!("ignored (Peregrine does not use them): {}", config.ignored_keys.join(", "))),
+        count => {
+            out.note(&format!("{count} keys of the configuration are not used by Peregrine and ignored (`config validate` lists them)"))
+        }
     }
     for warning in &config.warnings {
         out.warn(warning);

@@ -28,6 +28,7 @@ pub mod app;
 pub mod cli;
 mod commands;
 pub mod config;
+pub mod embedded;
 pub mod output;
 pub mod runtime;
 pub mod turn;

@@ -142,7 +142,9 @@ pub fn init_tracing(verbosity: Verbosity, level: Option<&str>, file: Option<&Pat
     let default = match verbosity {
         Verbosity::Quiet => "error",
         Verbosity::Normal => level.unwrap_or("warn"),
-        Verbosity::Verbose => "info,peregrine=debug,peregrine_agent=debug,peregrine_llm=debug",
+        Verbosity::Verbose => {
+            "warn,peregrine=debug,peregrine_agent=debug,peregrine_llm=debug,peregrine_graph=info,peregrine_capabilities=debug"
+        }
     };
     let filter = EnvFilter::try_from_env("PEREGRINE_LOG").or_else(|_| EnvFilter::try_new(default))?;
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);

@@ -41,12 +41,32 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn DynCheckpoint
 
 /// The LLM client of the configuration (recording calls when `development.api_calls.save_all`).
 pub fn llm_client(config: &Config) -> anyhow::Result<Arc<LlmClient>> {
+    check_local_model(config)?;
     let mut client = LlmClient::from_config(config.llm.clone()).map_err(|error| anyhow::anyhow!(config.redact(&error.to_string())))?;
     if config.development.save_api_calls {
         let dir = config.settings.agent_data_dir.join("api_calls");
         client = client.record_calls_to(&dir).map_err(|error| anyhow::anyhow!("cannot record LLM calls in {}: {error}", dir.display()))?;
     }
     Ok(Arc::new(client))
+}
+
+/// A local provider whose model file is missing fails with what to do, before anything loads.
+fn check_local_model(config: &Config) -> anyhow::Result<()> {
+    let used: std::collections::BTreeSet<&str> = config.llm.models.values().map(|model| model.provider.as_str()).collect();
+    for name in used {
+        let provider = config.llm.provider(name);
+        let is_local = provider.protocol.as_deref().map_or(name == "local", |protocol| protocol == "local");
+        let Some(path) = provider.model_path.as_deref().filter(|_| is_local) else { continue };
+        if !std::path::Path::new(path).is_file() {
+            let origin =
+                if config.source.is_none() { "the embedded defaults use the local model" } else { "config.yml uses the local model" };
+            anyhow::bail!(
+                "{origin}, but there is no model file at {path}; fetch it with `bash scripts/fetch-model.sh` (or set PEREGRINE_LOCAL_MODEL \
+                 to a GGUF file), or write a config.yml whose models name a provider"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The assembled agent of `app` on `config`.
@@ -59,20 +79,43 @@ pub async fn agent(config: &Config, app: &dyn Application) -> anyhow::Result<Age
 pub fn agent_on(config: &Config, app: &dyn Application, store: Arc<dyn DynCheckpointer>) -> anyhow::Result<Agent> {
     let services = Services::new(llm_client(config)?, config.settings.clone());
     let mut registry = Registry::new();
-    let mut builder_sources = Vec::new();
-    if app.framework_capabilities() {
-        let memory = MemoryStore::new(&config.settings.agent_data_dir);
-        registry.register(MemoryCapability::new(services.clone(), memory.clone())).context("registering memory")?;
-        registry.register(TimeRangeCapability::new(services.clone())).context("registering time_range_parsing")?;
-        builder_sources.push(Arc::new(UserMemoryDataSource::new(memory)) as Arc<dyn peregrine_agent::DataSource>);
-    }
+    let mut builder_sources = register_builtins(config, app, &services, &mut registry)?;
     app.register(&mut registry, &services).with_context(|| format!("{} cannot register its capabilities", app.name()))?;
     builder_sources.extend(app.data_sources(&services));
-    let mut builder = Agent::builder(registry, services).checkpointer(store).prompts(app.prompts());
+    let mut prompts = app.prompts();
+    if config.source.is_none() && prompts.response.is_none() {
+        // The embedded defaults answer with the small local model: a prompt it can follow.
+        prompts.response = Some(Arc::new(crate::embedded::CompactResponsePrompts));
+    }
+    let mut builder = Agent::builder(registry, services).checkpointer(store).prompts(prompts);
     for source in builder_sources {
         builder = builder.data_source(source);
     }
     builder.build().context("the agent cannot be assembled")
+}
+
+/// Registers the framework's built-in capabilities the application and `capabilities.exclude`
+/// allow; returns the data sources that come with them (user memory).
+fn register_builtins(
+    config: &Config,
+    app: &dyn Application,
+    services: &Services,
+    registry: &mut Registry,
+) -> anyhow::Result<Vec<Arc<dyn peregrine_agent::DataSource>>> {
+    let mut sources: Vec<Arc<dyn peregrine_agent::DataSource>> = Vec::new();
+    if !app.framework_capabilities() {
+        return Ok(sources);
+    }
+    let included = &config.capabilities;
+    if included.includes(peregrine_capabilities::MEMORY_CAPABILITY) {
+        let memory = MemoryStore::new(&config.settings.agent_data_dir);
+        registry.register(MemoryCapability::new(services.clone(), memory.clone())).context("registering memory")?;
+        sources.push(Arc::new(UserMemoryDataSource::new(memory)));
+    }
+    if included.includes(peregrine_capabilities::TIME_RANGE_CAPABILITY) {
+        registry.register(TimeRangeCapability::new(services.clone())).context("registering time_range_parsing")?;
+    }
+    Ok(sources)
 }
 
 /// The agent of `app` for reading threads only: no LLM provider is built (no model is loaded),
@@ -80,11 +123,7 @@ pub fn agent_on(config: &Config, app: &dyn Application, store: Arc<dyn DynCheckp
 pub fn reader_agent(config: &Config, app: &dyn Application, store: Arc<dyn DynCheckpointer>) -> anyhow::Result<Agent> {
     let services = Services::new(Arc::new(LlmClient::new(peregrine_llm::LlmConfig::default())), config.settings.clone());
     let mut registry = Registry::new();
-    if app.framework_capabilities() {
-        let memory = MemoryStore::new(&config.settings.agent_data_dir);
-        registry.register(MemoryCapability::new(services.clone(), memory)).context("registering memory")?;
-        registry.register(TimeRangeCapability::new(services.clone())).context("registering time_range_parsing")?;
-    }
+    register_builtins(config, app, &services, &mut registry)?;
     app.register(&mut registry, &services).with_context(|| format!("{} cannot register its capabilities", app.name()))?;
     Agent::builder(registry, services).checkpointer(store).build().context("the agent cannot be assembled")
 }

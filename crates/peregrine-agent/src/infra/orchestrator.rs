@@ -19,7 +19,7 @@ use peregrine_core::events::{EventKind, Phase};
 use peregrine_core::plan::{CLARIFY, RESPOND};
 use peregrine_core::{
     AgentEvent, AgentState, AgentStateUpdate, ApprovalAnswer, ApprovalRequest, CapabilityError, CapabilityOutcome, CapabilitySpec,
-    ErrorClassification, ExecutionPlan, PlanValidationError, RetryPolicy, Slot, approval_message, validate_plan,
+    ErrorClassification, ExecutionPlan, PlanValidationError, PlannedStep, RetryPolicy, Slot, approval_message, validate_plan,
 };
 use peregrine_graph::NodeContext;
 use peregrine_llm::{CallOptions, ChatMessage, roles};
@@ -158,6 +158,20 @@ impl Orchestrator {
             return Err(CapabilityError::new(message.clone()).classified(
                 ErrorClassification::reclassification("No usable capabilities were selected").with_metadata("technical_details", message),
             ));
+        }
+        // Nothing to plan: with no capability beyond respond and clarify (a conversational
+        // turn), the plan is the one respond step — no model call. Upstream asks the model,
+        // which can only pick respond or clarify; respond sees the history and can ask back.
+        // Re-planning after an error or a rejection, and planning mode, still ask the model.
+        let terminal_only = active.iter().all(|spec| spec.name == RESPOND || spec.name == CLARIFY);
+        if terminal_only
+            && self.catalog.contains(RESPOND)
+            && rejection.is_none()
+            && state.control.error_info.is_none()
+            && !state.agent_control.planning_mode_enabled
+        {
+            let plan = self.validate(ExecutionPlan { steps: vec![PlannedStep::generic_respond(task)] }, task, state)?;
+            return Ok(plan_created(ctx, plan));
         }
         let input = PlanningPromptInput {
             task,

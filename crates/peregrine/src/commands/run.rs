@@ -38,7 +38,8 @@ pub struct RunArgs {
 
 /// The session of a command-line user.
 pub fn cli_session(user: Option<&str>) -> Session {
-    let user = user.map(str::to_owned).or_else(|| std::env::var("USER").ok().filter(|user| !user.is_empty())).unwrap_or_else(|| "cli_user".into());
+    let user =
+        user.map(str::to_owned).or_else(|| std::env::var("USER").ok().filter(|user| !user.is_empty())).unwrap_or_else(|| "cli_user".into());
     Session::new(user, "cli")
 }
 
@@ -53,7 +54,9 @@ pub async fn run(args: &RunArgs, config: &Config, app: &dyn Application, out: &O
         match status {
             None => return Err(Failure::usage(format!("there is no thread '{thread}' to resume; `{bin} threads list` shows the threads"))),
             Some(ThreadStatus::Idle) => {
-                return Err(Failure::usage(format!("thread '{thread}' has no unfinished run: its last run finished; send a new message instead")));
+                return Err(Failure::usage(format!(
+                    "thread '{thread}' has no unfinished run: its last run finished; send a new message instead"
+                )));
             }
             Some(ThreadStatus::Interrupted) => {
                 return Err(Failure::usage(format!(
@@ -64,7 +67,9 @@ pub async fn run(args: &RunArgs, config: &Config, app: &dyn Application, out: &O
         }
     } else {
         if status == Some(ThreadStatus::Unfinished) {
-            out.warn(&format!("thread '{thread}' has a run that was cut off; this message starts a new turn (`--resume` would have finished it)"));
+            out.warn(&format!(
+                "thread '{thread}' has a run that was cut off; this message starts a new turn (`--resume` would have finished it)"
+            ));
         }
         TurnRequest::Send(args.message.as_deref().unwrap_or_default())
     };
@@ -87,7 +92,9 @@ pub async fn run(args: &RunArgs, config: &Config, app: &dyn Application, out: &O
         Err(error) => {
             let message = config.redact(&error.to_string());
             if args.json {
-                JsonView::emit(&json!({"type": "result", "thread_id": thread, "status": "error", "response": Value::Null, "interrupt": Value::Null, "error": message}));
+                JsonView::emit(
+                    &json!({"type": "result", "thread_id": thread, "status": "error", "response": Value::Null, "interrupt": Value::Null, "error": message}),
+                );
             } else {
                 out.error(&message);
             }

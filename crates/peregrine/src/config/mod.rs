@@ -2,11 +2,33 @@
 //! `.env`, `${VAR}` / `${VAR:-default}` / `$VAR` interpolation, the Osprey 0.11 keys Peregrine
 //! uses, Peregrine's own keys (`checkpointer`, `logging.file`, …), and the embedded defaults
 //! used when there is no file: SQLite in the agent data directory and the local model.
+//!
+//! Loading is [`Config::load`] (process environment, working directory) over a testable core
+//! that takes both as parameters: [`Config::load_with`], [`Config::from_file`],
+//! [`Config::from_text`], [`Config::embedded_with`]. Variables resolve from the `.env` next to
+//! the file first (upstream's `override=True`), then the environment. The parts:
+//! `discovery` (which file, `.env`), `de` (interpolation during deserialization, and why it is
+//! done there), `raw` (the serde model of the file), `build` (validation, errors, mapping into
+//! `LlmConfig` / `AgentSettings`), `lines` (the line of a dotted key), `defaults`, `show` (the
+//! effective configuration for `config show`). Secrets (API keys, URL passwords, values of
+//! variables named `*_KEY`, `*_TOKEN`, `*_SECRET`, `*_PASSWORD`) are collected while loading;
+//! errors, `Debug`, [`Config::redacted`] and [`Config::redact`] hide them.
 
+mod build;
+mod de;
+mod defaults;
+mod discovery;
+mod interpolate;
+mod lines;
+mod raw;
+mod show;
+
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use peregrine_agent::AgentSettings;
-use peregrine_llm::{LlmConfig, Secret};
+use peregrine_core::AgentControl;
+use peregrine_llm::{LlmConfig, ProviderConfig, Secret};
 use serde_json::Value;
 
 /// Where the checkpoints go (`checkpointer` section).
@@ -28,6 +50,23 @@ pub enum CheckpointerConfig {
     Memory,
 }
 
+/// The framework's built-in capabilities an application gets unless excluded.
+pub const BUILTIN_CAPABILITIES: [&str; 2] = ["memory", "time_range_parsing"];
+
+/// `capabilities`: the framework's built-in capabilities left out of the agent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CapabilitiesConfig {
+    /// Names from [`BUILTIN_CAPABILITIES`] not registered (`capabilities.exclude`).
+    pub exclude: Vec<String>,
+}
+
+impl CapabilitiesConfig {
+    /// Whether the built-in capability `name` is registered.
+    pub fn includes(&self, name: &str) -> bool {
+        !self.exclude.iter().any(|excluded| excluded == name)
+    }
+}
+
 /// `logging`: where diagnostics go.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoggingConfig {
@@ -46,8 +85,8 @@ pub struct DevelopmentConfig {
     pub raise_raw_errors: bool,
 }
 
-/// A loaded configuration.
-#[derive(Debug, Clone)]
+/// A loaded configuration. `Debug` hides its secrets.
+#[derive(Clone)]
 pub struct Config {
     /// The file read; `None` when running on the embedded defaults.
     pub source: Option<PathBuf>,
@@ -59,18 +98,84 @@ pub struct Config {
     pub settings: AgentSettings,
     /// `checkpointer`.
     pub checkpointer: CheckpointerConfig,
+    /// `capabilities`.
+    pub capabilities: CapabilitiesConfig,
     /// `logging`.
     pub logging: LoggingConfig,
     /// `development`.
     pub development: DevelopmentConfig,
-    /// Dotted keys of the file that Peregrine does not use, reported once as ignored.
+    /// Dotted keys of the file that Peregrine does not use, reported once as ignored (sorted).
     pub ignored_keys: Vec<String>,
     /// Problems worth a warning that do not stop loading (an unset `${VAR}`, …).
     pub warnings: Vec<String>,
-    /// The interpolated document (for `config show`; read it through [`Config::redacted`]).
-    document: Value,
-    /// Values that must never be printed (API keys, URLs with passwords, interpolated secrets).
-    secrets: Vec<String>,
+    /// Values that must never be printed (API keys, URL passwords, interpolated secrets).
+    secrets: Secrets,
+}
+
+impl fmt::Debug for Config {
+    /// The fields as a derived `Debug` would show them, with every secret replaced by `***`
+    /// (a URL password or an interpolated secret may sit in any string field).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        #[derive(Debug)]
+        #[allow(dead_code, reason = "read through Debug only")]
+        struct Config<'a> {
+            source: &'a Option<PathBuf>,
+            project_dir: &'a PathBuf,
+            llm: &'a LlmConfig,
+            settings: &'a AgentSettings,
+            checkpointer: &'a CheckpointerConfig,
+            logging: &'a LoggingConfig,
+            development: &'a DevelopmentConfig,
+            ignored_keys: &'a Vec<String>,
+            warnings: &'a Vec<String>,
+            secrets: &'a Secrets,
+        }
+        let view = Config {
+            source: &self.source,
+            project_dir: &self.project_dir,
+            llm: &self.llm,
+            settings: &self.settings,
+            checkpointer: &self.checkpointer,
+            logging: &self.logging,
+            development: &self.development,
+            ignored_keys: &self.ignored_keys,
+            warnings: &self.warnings,
+            secrets: &self.secrets,
+        };
+        let text = if f.alternate() { format!("{view:#?}") } else { format!("{view:?}") };
+        f.write_str(&self.redact(&text))
+    }
+}
+
+/// The secret values of a configuration; `Debug` shows only how many there are.
+#[derive(Clone, Default)]
+pub(crate) struct Secrets(Vec<String>);
+
+impl fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secrets({} hidden)", self.0.len())
+    }
+}
+
+impl Secrets {
+    /// `text` with every secret replaced by `***`.
+    pub(crate) fn redact(&self, text: &str) -> String {
+        Self::redact_with(&self.0, text)
+    }
+
+    /// `text` with every one of `secrets` replaced by `***` (longest first, so that a secret
+    /// containing another is hidden whole).
+    pub(crate) fn redact_with(secrets: &[String], text: &str) -> String {
+        let mut ordered: Vec<&String> = secrets.iter().filter(|secret| !secret.is_empty()).collect();
+        ordered.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
+        let mut out = text.to_owned();
+        for secret in ordered {
+            if out.contains(secret.as_str()) {
+                out = out.replace(secret.as_str(), "***");
+            }
+        }
+        out
+    }
 }
 
 /// How to find the configuration.
@@ -97,6 +202,11 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
+    /// An error about no particular file.
+    fn general(message: String) -> Self {
+        Self { file: None, line: None, column: None, key: None, message }
+    }
+
     fn render(&self) -> String {
         let mut out = String::new();
         if let Some(file) = &self.file {
@@ -119,45 +229,244 @@ impl ConfigError {
 }
 
 impl Config {
-    /// Finds and loads the configuration; with no file anywhere, the embedded defaults.
+    /// Finds and loads the configuration (`--config`, `PEREGRINE_CONFIG`, `CONFIG_FILE`,
+    /// `./config.yml`) with the process environment; with no file anywhere, the embedded
+    /// defaults.
     pub fn load(options: &LoadOptions) -> Result<Self, ConfigError> {
-        let _ = options;
-        Ok(Self::embedded(&std::env::current_dir().unwrap_or_default()))
+        let working_dir =
+            std::env::current_dir().map_err(|error| ConfigError::general(format!("cannot read the working directory: {error}")))?;
+        Self::load_with(options, &working_dir, &process_env)
     }
 
-    /// The embedded defaults: SQLite in the agent data directory and the local model.
+    /// [`Config::load`] with the working directory and environment given (for tests and
+    /// embedding): discovery, the `.env` beside the file (its values win over `env`), parsing.
+    pub fn load_with(options: &LoadOptions, working_dir: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        match discovery::find(options.explicit.as_deref(), working_dir, env)? {
+            Some(path) => Self::from_file(&path, env),
+            None => {
+                let dotenv = discovery::read_dotenv(&working_dir.join(".env"))?;
+                let lookup = |name: &str| dotenv.get(name).cloned().or_else(|| env(name));
+                Ok(Self::embedded_with(working_dir, &lookup))
+            }
+        }
+    }
+
+    /// Loads `path` and the `.env` in its directory, resolving variables with the `.env` first,
+    /// then `env`.
+    pub fn from_file(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError {
+            file: Some(path.to_owned()),
+            line: None,
+            column: None,
+            key: None,
+            message: format!("cannot read the configuration file: {error}"),
+        })?;
+        let dir = path.parent().filter(|dir| !dir.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dotenv = discovery::read_dotenv(&dir.join(".env"))?;
+        let lookup = |name: &str| dotenv.get(name).cloned().or_else(|| env(name));
+        Self::from_text(&text, path, &lookup)
+    }
+
+    /// Parses the text of a config file named `path` (used in errors and as the base of
+    /// relative paths), resolving `${VAR}` with `env`. Reads no file and no environment.
+    pub fn from_text(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        build::parse(text, path, env)
+    }
+
+    /// The embedded defaults, with the process environment and the `.env` of `project_dir`
+    /// (a `.env` that cannot be parsed is skipped with a warning).
     pub fn embedded(project_dir: &Path) -> Self {
-        let settings = AgentSettings::with_data_dir(project_dir.join("_agent_data"));
-        let checkpointer = CheckpointerConfig::Sqlite { path: settings.agent_data_dir.join("checkpoints/peregrine.db") };
+        match discovery::read_dotenv(&project_dir.join(".env")) {
+            Ok(dotenv) => {
+                let lookup = |name: &str| dotenv.get(name).cloned().or_else(|| process_env(name));
+                Self::embedded_with(project_dir, &lookup)
+            }
+            Err(error) => {
+                let mut config = Self::embedded_with(project_dir, &process_env);
+                config.warnings.push(format!("{error} (the .env file was skipped)"));
+                config
+            }
+        }
+    }
+
+    /// The embedded defaults for a run in `working_dir` without `config.yml`: the local model
+    /// for every role, the agent data directory from `PEREGRINE_DATA_DIR` / `XDG_DATA_HOME` /
+    /// `HOME`, SQLite checkpoints in it. Reads nothing but `env`.
+    pub fn embedded_with(working_dir: &Path, env: &dyn Fn(&str) -> Option<String>) -> Self {
+        let agent_data_dir = defaults::data_dir(working_dir, env);
+        // A conversational agent the embedded 135M-parameter model can drive: it answers (one
+        // streamed respond call), while the LLM-routed parts a model this small cannot do well
+        // are off — task extraction is bypassed (the task is the conversation itself) and the
+        // built-in capabilities, which the classifier would have to choose between, are left
+        // out. A config.yml naming a capable model gets the whole pipeline.
+        let agent_control = AgentControl { task_extraction_bypass_enabled: true, ..AgentControl::default() };
+        let settings = AgentSettings { timezone: defaults::timezone(env), agent_control, ..AgentSettings::with_data_dir(agent_data_dir) };
+        let capabilities = CapabilitiesConfig { exclude: BUILTIN_CAPABILITIES.iter().map(|name| (*name).to_owned()).collect() };
+        let checkpointer = CheckpointerConfig::Sqlite { path: defaults::checkpoint_file(&settings.agent_data_dir) };
+        let mut llm = LlmConfig::default();
+        llm.models.insert("default".to_owned(), defaults::model());
+        llm.providers.insert(
+            defaults::LOCAL_PROVIDER.to_owned(),
+            ProviderConfig { model_path: Some(defaults::local_model_path(env).display().to_string()), ..ProviderConfig::default() },
+        );
         Self {
             source: None,
-            project_dir: project_dir.to_owned(),
-            llm: LlmConfig::default(),
+            project_dir: working_dir.to_owned(),
+            llm,
             settings,
             checkpointer,
+            capabilities,
             logging: LoggingConfig::default(),
             development: DevelopmentConfig::default(),
             ignored_keys: Vec::new(),
             warnings: Vec::new(),
-            document: Value::Null,
-            secrets: Vec::new(),
+            secrets: Secrets::default(),
         }
     }
 
-    /// The document with every secret replaced by `***` (for `config show`).
+    /// The effective configuration as JSON (for `config show`): the source, resolved models,
+    /// providers, approval, execution control, timezone, data directory, checkpointer, logging,
+    /// development and ignored keys, with every secret replaced by `***`.
     pub fn redacted(&self) -> Value {
-        self.document.clone()
+        show::effective(self)
     }
 
     /// `text` with every secret of this configuration replaced by `***` (for messages that may
     /// quote configuration values).
     pub fn redact(&self, text: &str) -> String {
-        let mut out = text.to_owned();
-        for secret in &self.secrets {
-            if !secret.is_empty() {
-                out = out.replace(secret.as_str(), "***");
-            }
+        self.secrets.redact(text)
+    }
+}
+
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| pairs.iter().find(|(key, _)| *key == name).map(|(_, value)| (*value).to_owned())
+    }
+
+    fn parse(text: &str, pairs: &'static [(&'static str, &'static str)]) -> Result<Config, ConfigError> {
+        Config::from_text(text, Path::new("/p/config.yml"), &lookup(pairs))
+    }
+
+    #[test]
+    fn anchors_merges_and_empty_sections_work_through_interpolation() {
+        let text = "\
+base: &base
+  provider: openai
+  model_id: ${MODEL:-gpt-4o}
+models:
+  orchestrator:
+    <<: *base
+    max_tokens: 100
+  response: *base
+approval:
+api:
+  providers:
+    openai:
+    ollama:
+      api_key: 12345
+";
+        let config = parse(text, &[]).expect("loads");
+        assert_eq!(config.llm.models["orchestrator"].model_id, "gpt-4o");
+        assert_eq!(config.llm.models["orchestrator"].max_tokens, Some(100));
+        assert_eq!(config.llm.models["response"].provider, "openai");
+        assert_eq!(config.llm.provider("openai"), ProviderConfig::default());
+        assert_eq!(config.llm.provider("ollama").api_key.as_ref().map(Secret::expose), Some("12345"), "an all-digit key stays text");
+        assert_eq!(config.ignored_keys, ["base"]);
+        assert_eq!(config.settings.approval, peregrine_core::ApprovalConfig::default());
+
+        // Without merge keys the text is read directly; aliases still resolve.
+        let config = parse("base: &b\n  provider: openai\n  model_id: m\nmodels:\n  response: *b\n", &[]).expect("loads");
+        assert_eq!(config.llm.models["response"].model_id, "m");
+        // With merge keys, errors take their line from the key path.
+        let error = parse(&text.replace("max_tokens: 100", "max_tokens: lots"), &[]).expect_err("not a number");
+        assert_eq!((error.line, error.key.as_deref()), (Some(7), Some("models.orchestrator.max_tokens")), "{error}");
+        assert!(error.message.contains("positive integer"), "{error}");
+    }
+
+    #[test]
+    fn a_document_that_is_not_a_mapping_says_so() {
+        let error = parse("- models\n- api\n", &[]).expect_err("a list");
+        assert!(error.message.contains("must be a mapping of sections"), "{error}");
+        assert_eq!(error.line, Some(1));
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug_show_and_warnings() {
+        let text = "\
+api:
+  providers:
+    openai:
+      api_key: sk-literal-0123456789
+      base_url: https://user:url-pass-4242@gateway.example/v1
+    other:
+      protocol: openai
+      api_key: ${OTHER_API_KEY}
+models:
+  orchestrator: {provider: openai, model_id: \"${SECRET_MODEL_TOKEN}\"}
+  classifier: {provider: other, model_id: small}
+";
+        let config = parse(text, &[("SECRET_MODEL_TOKEN", "tok-0987654321")]).expect("loads");
+        let shown = config.redacted().to_string();
+        let debug = format!("{config:?}");
+        for secret in ["sk-literal-0123456789", "url-pass-4242", "tok-0987654321"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+            assert!(!debug.contains(secret), "{secret} in {debug}");
+            assert_eq!(config.redact(&format!("x {secret} y")), "x *** y");
         }
-        out
+        assert!(shown.contains("https://user:***@gateway.example/v1"), "{shown}");
+        assert!(shown.contains("${OTHER_API_KEY}"), "the unset variable is named in the warning: {shown}");
+        assert!(debug.contains("Secrets(3 hidden)"), "{debug}");
+    }
+
+    #[test]
+    fn only_providers_some_model_uses_warn_about_unset_variables() {
+        let text = "\
+api:
+  providers:
+    openai:
+      api_key: ${OPENAI_API_KEY}
+    anthropic:
+      api_key: ${ANTHROPIC_API_KEY}
+models:
+  default: {provider: openai, model_id: gpt-4o}
+";
+        let config = parse(text, &[]).expect("loads");
+        assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+        assert!(config.warnings[0].contains("${OPENAI_API_KEY}"), "{:?}", config.warnings);
+    }
+
+    #[test]
+    fn placeholder_keys_are_not_scrubbed_from_messages() {
+        let config = parse("api:\n  providers:\n    ollama:\n      api_key: ollama\n", &[]).expect("loads");
+        assert_eq!(config.redact("ollama is down"), "ollama is down");
+        assert_eq!(config.redacted()["api"]["providers"]["ollama"]["api_key"], "***");
+    }
+
+    #[test]
+    fn timezones_accept_tz_forms() {
+        let config = parse("system:\n  timezone: ${TZ:-UTC}\n", &[("TZ", ":Europe/Paris")]).expect("loads");
+        assert_eq!(config.settings.timezone, chrono_tz::Europe::Paris);
+        let config = parse("system:\n  timezone: ${TZ:-UTC}\n", &[]).expect("loads");
+        assert_eq!(config.settings.timezone, chrono_tz::UTC);
+    }
+
+    #[test]
+    fn upstream_legacy_keys_are_accepted_as_ignored() {
+        let config = parse("execution_control:\n  epics:\n    writes_enabled: false\n", &[]).expect("loads");
+        assert_eq!(config.ignored_keys, ["execution_control.epics"]);
+    }
+
+    #[test]
+    fn ignored_sections_are_not_interpolated() {
+        let config = parse("services:\n  jupyter:\n    path: ${UNSET_SERVICE_PATH}\n", &[]).expect("loads");
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+        assert_eq!(config.ignored_keys, ["services"]);
     }
 }

@@ -200,14 +200,14 @@ async fn the_prompt_has_every_section_in_order() {
 #[tokio::test]
 async fn history_and_reuse_guidance_follow_the_dependency_flags() {
     let f = answering(json!({"steps": []}));
-    let plain = state(&["respond"]);
+    let plain = state(&["python"]);
     f.orchestrator.execute(&plain, &ctx()).await.expect("plans");
     let prompt = prompt_of(&f.fake);
     for absent in ["CONVERSATION HISTORY", "earlier question", "CONTEXT REUSE GUIDANCE", "REPLANNING CONTEXT", "AVAILABLE CONTEXT"] {
         assert!(!prompt.contains(absent), "{absent} must be absent:\n{prompt}");
     }
 
-    let mut memory = state(&["respond"]);
+    let mut memory = state(&["python"]);
     memory.task.depends_on_user_memory = true;
     f.orchestrator.execute(&memory, &ctx()).await.expect("plans");
     let prompt = prompt_of(&f.fake);
@@ -463,4 +463,24 @@ fn the_approval_prompt_shows_everything_that_steers_a_step() {
     for needle in ["parameters: `{\"setpoint\":50}`", "expected output: PYTHON_RESULTS", "success criteria: the setpoint is applied"] {
         assert!(shown.contains(needle), "{needle} missing in {shown}");
     }
+}
+
+#[tokio::test]
+async fn a_turn_with_only_respond_and_clarify_is_planned_without_a_model_call() {
+    let f = answering(json!({"steps": [step("clarification", "clarify", json!([]))]}));
+    let (plan, _) = planned(f.orchestrator.execute(&state(&["respond", "clarify"]), &ctx()).await.expect("plans"));
+    assert_eq!(capabilities(&plan), ["respond"]);
+    assert_eq!(plan.steps[0].task_objective, "Respond to user request: Plot the beam current of the last hour");
+    assert!(f.fake.requests_for("ExecutionPlan").is_empty(), "no model call for a plan with nothing to choose");
+
+    // Re-planning after an error, and planning mode, still ask the model (which picks clarify here).
+    let mut replanning = state(&["respond", "clarify"]);
+    replanning.control.error_info = Some(error_info(ErrorClassification::replanning("the answer was not usable")));
+    let (plan, _) = planned(f.orchestrator.execute(&replanning, &ctx()).await.expect("plans"));
+    assert_eq!(capabilities(&plan), ["clarify"]);
+    assert_eq!(f.fake.requests_for("ExecutionPlan").len(), 1);
+    let mut planning = state(&["respond", "clarify"]);
+    planning.agent_control.planning_mode_enabled = true;
+    approval(f.orchestrator.execute(&planning, &ctx()).await.expect("asks"));
+    assert_eq!(f.fake.requests_for("ExecutionPlan").len(), 2, "planning mode shows a plan the model wrote");
 }

@@ -1,0 +1,542 @@
+//! A deserializer wrapper that interpolates `${VAR}` in string values *while* serde_norway
+//! deserializes the file, tracks the dotted key of every value, and records the keys the typed
+//! model skips (reported as ignored) and the values that are secrets.
+//!
+//! Why interpolate here rather than on the text or on a parsed `Value`:
+//! - the text is never rewritten, so every error keeps serde_norway's exact line and column
+//!   (a substituted value with a newline, `#` or `: ` cannot shift lines or change the structure);
+//! - only values are interpolated, as upstream does on its parsed dict (comments and keys are
+//!   not, so a `${VAR}` in a comment never warns);
+//! - the type the model asks for is known: `max_tokens: ${MAX_TOKENS:-4096}` becomes a number,
+//!   `api_key: ${KEY}` stays a string even when the key is all digits;
+//! - sections Peregrine ignores are skipped unread, so their unset variables do not warn.
+//!
+//! Numbers and booleans are requested from serde_norway with `deserialize_any` so that a plain
+//! scalar holding a reference reaches `visit_str`, where it is interpolated and then parsed.
+
+use std::cell::RefCell;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor};
+
+use super::interpolate::{interpolate, is_placeholder_key, is_secret_name, url_passwords};
+
+/// The environment variables a value may reference.
+pub(crate) type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// What one pass over the file found besides the typed model.
+#[derive(Debug, Default)]
+pub(crate) struct Walk {
+    path: Vec<String>,
+    pending_key: Option<String>,
+    /// Values that must never be printed.
+    pub secrets: Vec<String>,
+    /// Unset variables, by key.
+    pub warnings: Vec<String>,
+    /// Dotted keys the model skipped.
+    pub ignored: Vec<String>,
+}
+
+impl Walk {
+    fn dotted(&self) -> String {
+        let mut out = String::new();
+        for segment in &self.path {
+            if !out.is_empty() && !segment.starts_with('[') {
+                out.push('.');
+            }
+            out.push_str(segment);
+        }
+        out
+    }
+
+    fn parent_key(&self) -> &str {
+        self.path.iter().rev().filter(|segment| !segment.starts_with('[')).nth(1).map_or("", String::as_str)
+    }
+
+    fn last_key(&self) -> &str {
+        self.path.iter().rev().find(|segment| !segment.starts_with('[')).map_or("", String::as_str)
+    }
+
+    /// Interpolates one value at the current key, recording warnings and secrets.
+    fn value(&mut self, raw: &str, env: EnvLookup<'_>) -> Option<String> {
+        let result = interpolate(raw, env);
+        if !result.unresolved.is_empty() {
+            let key = self.dotted();
+            for reference in &result.unresolved {
+                let warning = format!(
+                    "{key} uses {reference}, which is not set; it is kept as written (set it in the environment or in .env next to config.yml)"
+                );
+                if !self.warnings.contains(&warning) {
+                    self.warnings.push(warning);
+                }
+            }
+        }
+        for (name, value) in &result.substituted {
+            if is_secret_name(name) && !is_placeholder_key(self.parent_key(), value) {
+                self.secret(value);
+            }
+        }
+        if is_secret_name(self.last_key()) && !is_placeholder_key(self.parent_key(), &result.text) {
+            if result.unresolved.is_empty() {
+                self.secret(&result.text);
+            } else {
+                // Only the substituted parts: the placeholders left are not secret, and hiding
+                // them would hide the warning that names them.
+                let parts: Vec<String> = result.substituted.iter().map(|(_, value)| value.clone()).collect();
+                parts.iter().for_each(|part| self.secret(part));
+            }
+        }
+        for password in url_passwords(&result.text) {
+            if !password.contains("${") {
+                self.secret(&password);
+            }
+        }
+        result.changed.then_some(result.text)
+    }
+
+    fn secret(&mut self, value: &str) {
+        if !value.is_empty() && !self.secrets.iter().any(|known| known == value) {
+            self.secrets.push(value.to_owned());
+        }
+    }
+}
+
+/// The shared state of one deserialization.
+#[derive(Clone, Copy)]
+pub(crate) struct Scope<'c> {
+    env: EnvLookup<'c>,
+    walk: &'c RefCell<Walk>,
+    /// Deserializing a parsed `serde_norway::Value` (a file with `<<` merge keys) rather than
+    /// the text: a value has lost its scalar style, so strings are asked for with
+    /// `deserialize_any` and numbers or booleans where text is expected are taken as text.
+    from_value: bool,
+}
+
+impl<'c> Scope<'c> {
+    /// A scope over `walk` resolving variables with `env`, for deserializing the text.
+    pub(crate) fn new(env: EnvLookup<'c>, walk: &'c RefCell<Walk>) -> Self {
+        Self { env, walk, from_value: false }
+    }
+
+    /// The same for deserializing a parsed value.
+    pub(crate) fn for_value(env: EnvLookup<'c>, walk: &'c RefCell<Walk>) -> Self {
+        Self { env, walk, from_value: true }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Key,
+    Value,
+}
+
+/// What the model asked for, so that an interpolated string can become that type.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hint {
+    Str,
+    Int,
+    Float,
+    Bool,
+    Any,
+}
+
+/// The wrapping deserializer.
+pub(crate) struct Interpolating<'c, D> {
+    inner: D,
+    scope: Scope<'c>,
+    role: Role,
+}
+
+impl<'c, D> Interpolating<'c, D> {
+    /// Wraps the document's deserializer.
+    pub(crate) fn new(inner: D, scope: Scope<'c>) -> Self {
+        Self { inner, scope, role: Role::Value }
+    }
+
+    fn visit<V>(&self, visitor: V, hint: Hint) -> Visit<'c, V> {
+        Visit { visitor, scope: self.scope, role: self.role, hint }
+    }
+}
+
+macro_rules! as_scalar {
+    ($($method:ident => $hint:expr),* $(,)?) => {
+        $(
+            fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+                let visit = self.visit(visitor, $hint);
+                if self.role == Role::Value { self.inner.deserialize_any(visit) } else { self.inner.$method(visit) }
+            }
+        )*
+    };
+}
+
+macro_rules! as_text {
+    ($($method:ident),* $(,)?) => {
+        $(
+            fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+                let visit = self.visit(visitor, Hint::Str);
+                if self.scope.from_value { self.inner.deserialize_any(visit) } else { self.inner.$method(visit) }
+            }
+        )*
+    };
+}
+
+macro_rules! forward {
+    ($($method:ident => $hint:expr),* $(,)?) => {
+        $(
+            fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+                let visit = self.visit(visitor, $hint);
+                self.inner.$method(visit)
+            }
+        )*
+    };
+}
+
+impl<'de, 'c, D: Deserializer<'de>> Deserializer<'de> for Interpolating<'c, D> {
+    type Error = D::Error;
+
+    as_scalar! {
+        deserialize_bool => Hint::Bool,
+        deserialize_i8 => Hint::Int, deserialize_i16 => Hint::Int, deserialize_i32 => Hint::Int, deserialize_i64 => Hint::Int,
+        deserialize_i128 => Hint::Int,
+        deserialize_u8 => Hint::Int, deserialize_u16 => Hint::Int, deserialize_u32 => Hint::Int, deserialize_u64 => Hint::Int,
+        deserialize_u128 => Hint::Int,
+        deserialize_f32 => Hint::Float, deserialize_f64 => Hint::Float,
+    }
+
+    as_text! {
+        deserialize_char, deserialize_str, deserialize_string, deserialize_identifier,
+    }
+
+    forward! {
+        deserialize_any => Hint::Any,
+        deserialize_bytes => Hint::Any, deserialize_byte_buf => Hint::Any,
+        deserialize_option => Hint::Any, deserialize_unit => Hint::Any,
+        deserialize_seq => Hint::Any, deserialize_map => Hint::Any,
+    }
+
+    fn deserialize_unit_struct<V: Visitor<'de>>(self, name: &'static str, visitor: V) -> Result<V::Value, D::Error> {
+        let visit = self.visit(visitor, Hint::Any);
+        self.inner.deserialize_unit_struct(name, visit)
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(self, name: &'static str, visitor: V) -> Result<V::Value, D::Error> {
+        let visit = self.visit(visitor, Hint::Any);
+        self.inner.deserialize_newtype_struct(name, visit)
+    }
+
+    fn deserialize_tuple<V: Visitor<'de>>(self, len: usize, visitor: V) -> Result<V::Value, D::Error> {
+        let visit = self.visit(visitor, Hint::Any);
+        self.inner.deserialize_tuple(len, visit)
+    }
+
+    fn deserialize_tuple_struct<V: Visitor<'de>>(self, name: &'static str, len: usize, visitor: V) -> Result<V::Value, D::Error> {
+        let visit = self.visit(visitor, Hint::Any);
+        self.inner.deserialize_tuple_struct(name, len, visit)
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        let visit = self.visit(visitor, Hint::Any);
+        self.inner.deserialize_struct(name, fields, visit)
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        let visit = self.visit(visitor, Hint::Any);
+        self.inner.deserialize_enum(name, variants, visit)
+    }
+
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        if self.role == Role::Value {
+            let mut walk = self.scope.walk.borrow_mut();
+            let key = walk.dotted();
+            if !key.is_empty() {
+                walk.ignored.push(key);
+            }
+        }
+        self.inner.deserialize_ignored_any(visitor)
+    }
+
+    fn is_human_readable(&self) -> bool {
+        self.inner.is_human_readable()
+    }
+}
+
+/// The wrapping visitor: interpolates strings (values) or records them (keys).
+struct Visit<'c, V> {
+    visitor: V,
+    scope: Scope<'c>,
+    role: Role,
+    hint: Hint,
+}
+
+impl<'c, V> Visit<'c, V> {
+    fn key(&self, key: impl fmt::Display) {
+        if self.role == Role::Key {
+            self.scope.walk.borrow_mut().pending_key = Some(key.to_string());
+        }
+    }
+
+    /// The value after interpolation, or `None` when nothing changed.
+    fn interpolated(&self, raw: &str) -> Option<String> {
+        match self.role {
+            Role::Key => {
+                self.key(raw);
+                None
+            }
+            Role::Value => self.scope.walk.borrow_mut().value(raw, self.scope.env),
+        }
+    }
+
+    /// Hands an interpolated string on as the type the model asked for.
+    fn typed<'de, E: de::Error>(self, text: String) -> Result<V::Value, E>
+    where
+        V: Visitor<'de>,
+    {
+        let trimmed = text.trim();
+        match self.hint {
+            Hint::Str => self.visitor.visit_string(text),
+            Hint::Int => match (trimmed.parse::<u64>(), trimmed.parse::<i64>()) {
+                (Ok(value), _) => self.visitor.visit_u64(value),
+                (_, Ok(value)) => self.visitor.visit_i64(value),
+                _ => self.visitor.visit_string(text),
+            },
+            Hint::Float => match trimmed.parse::<f64>() {
+                Ok(value) => self.visitor.visit_f64(value),
+                Err(_) => self.visitor.visit_string(text),
+            },
+            Hint::Bool => match parse_bool(trimmed) {
+                Some(value) => self.visitor.visit_bool(value),
+                None => self.visitor.visit_string(text),
+            },
+            Hint::Any => {
+                if let Some(value) = parse_bool(trimmed) {
+                    self.visitor.visit_bool(value)
+                } else if let Ok(value) = trimmed.parse::<u64>() {
+                    self.visitor.visit_u64(value)
+                } else if let Ok(value) = trimmed.parse::<i64>() {
+                    self.visitor.visit_i64(value)
+                } else if let Some(value) = trimmed.parse::<f64>().ok().filter(|_| trimmed.contains(['.', 'e', 'E'])) {
+                    self.visitor.visit_f64(value)
+                } else if matches!(trimmed, "~" | "null" | "Null" | "NULL") {
+                    self.visitor.visit_unit()
+                } else {
+                    self.visitor.visit_string(text)
+                }
+            }
+        }
+    }
+}
+
+fn parse_bool(text: &str) -> Option<bool> {
+    match text {
+        "true" | "True" | "TRUE" => Some(true),
+        "false" | "False" | "FALSE" => Some(false),
+        _ => None,
+    }
+}
+
+macro_rules! pass_scalar {
+    ($($method:ident($ty:ty)),* $(,)?) => {
+        $(
+            fn $method<E: de::Error>(self, value: $ty) -> Result<V::Value, E> {
+                self.key(value);
+                if self.hint == Hint::Str && self.scope.from_value {
+                    return self.visitor.visit_string(value.to_string());
+                }
+                self.visitor.$method(value)
+            }
+        )*
+    };
+}
+
+impl<'de, 'c, V: Visitor<'de>> Visitor<'de> for Visit<'c, V> {
+    type Value = V::Value;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.visitor.expecting(formatter)
+    }
+
+    pass_scalar! {
+        visit_bool(bool), visit_i8(i8), visit_i16(i16), visit_i32(i32), visit_i64(i64), visit_i128(i128),
+        visit_u8(u8), visit_u16(u16), visit_u32(u32), visit_u64(u64), visit_u128(u128),
+        visit_f32(f32), visit_f64(f64), visit_char(char),
+    }
+
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<V::Value, E> {
+        match self.interpolated(value) {
+            Some(text) => self.typed(text),
+            None => self.visitor.visit_str(value),
+        }
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, value: &'de str) -> Result<V::Value, E> {
+        match self.interpolated(value) {
+            Some(text) => self.typed(text),
+            None => self.visitor.visit_borrowed_str(value),
+        }
+    }
+
+    fn visit_string<E: de::Error>(self, value: String) -> Result<V::Value, E> {
+        match self.interpolated(&value) {
+            Some(text) => self.typed(text),
+            None => self.visitor.visit_string(value),
+        }
+    }
+
+    fn visit_bytes<E: de::Error>(self, value: &[u8]) -> Result<V::Value, E> {
+        self.visitor.visit_bytes(value)
+    }
+
+    fn visit_borrowed_bytes<E: de::Error>(self, value: &'de [u8]) -> Result<V::Value, E> {
+        self.visitor.visit_borrowed_bytes(value)
+    }
+
+    fn visit_byte_buf<E: de::Error>(self, value: Vec<u8>) -> Result<V::Value, E> {
+        self.visitor.visit_byte_buf(value)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<V::Value, E> {
+        self.visitor.visit_none()
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<V::Value, D::Error> {
+        self.visitor.visit_some(Interpolating { inner: deserializer, scope: self.scope, role: self.role })
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<V::Value, E> {
+        self.visitor.visit_unit()
+    }
+
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, deserializer: D) -> Result<V::Value, D::Error> {
+        self.visitor.visit_newtype_struct(Interpolating { inner: deserializer, scope: self.scope, role: self.role })
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<V::Value, A::Error> {
+        self.visitor.visit_seq(Seq { inner: seq, scope: self.scope, index: 0 })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
+        self.visitor.visit_map(Map { inner: map, scope: self.scope })
+    }
+
+    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<V::Value, A::Error> {
+        self.visitor.visit_enum(Enum { inner: data, scope: self.scope })
+    }
+}
+
+/// A seed whose deserializer is wrapped.
+struct Seed<'c, S> {
+    seed: S,
+    scope: Scope<'c>,
+    role: Role,
+}
+
+impl<'de, 'c, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<'c, S> {
+    type Value = S::Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<S::Value, D::Error> {
+        self.seed.deserialize(Interpolating { inner: deserializer, scope: self.scope, role: self.role })
+    }
+}
+
+/// Runs `f` with `segment` pushed on the current path.
+fn at<T>(scope: Scope<'_>, segment: String, f: impl FnOnce() -> T) -> T {
+    scope.walk.borrow_mut().path.push(segment);
+    let result = f();
+    scope.walk.borrow_mut().path.pop();
+    result
+}
+
+struct Seq<'c, A> {
+    inner: A,
+    scope: Scope<'c>,
+    index: usize,
+}
+
+impl<'de, 'c, A: SeqAccess<'de>> SeqAccess<'de> for Seq<'c, A> {
+    type Error = A::Error;
+
+    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, A::Error> {
+        let (scope, index) = (self.scope, self.index);
+        self.index += 1;
+        at(scope, format!("[{index}]"), || self.inner.next_element_seed(Seed { seed, scope, role: Role::Value }))
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        self.inner.size_hint()
+    }
+}
+
+struct Map<'c, A> {
+    inner: A,
+    scope: Scope<'c>,
+}
+
+impl<'de, 'c, A: MapAccess<'de>> MapAccess<'de> for Map<'c, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
+        self.scope.walk.borrow_mut().pending_key = None;
+        self.inner.next_key_seed(Seed { seed, scope: self.scope, role: Role::Key })
+    }
+
+    fn next_value_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<T::Value, A::Error> {
+        let scope = self.scope;
+        let key = scope.walk.borrow_mut().pending_key.take().unwrap_or_else(|| "?".to_owned());
+        at(scope, key, || self.inner.next_value_seed(Seed { seed, scope, role: Role::Value }))
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        self.inner.size_hint()
+    }
+}
+
+struct Enum<'c, A> {
+    inner: A,
+    scope: Scope<'c>,
+}
+
+impl<'de, 'c, A: EnumAccess<'de>> EnumAccess<'de> for Enum<'c, A> {
+    type Error = A::Error;
+    type Variant = Variant<'c, A::Variant>;
+
+    fn variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<(T::Value, Self::Variant), A::Error> {
+        let scope = self.scope;
+        let (value, variant) = self.inner.variant_seed(Seed { seed, scope, role: Role::Value })?;
+        Ok((value, Variant { inner: variant, scope }))
+    }
+}
+
+struct Variant<'c, A> {
+    inner: A,
+    scope: Scope<'c>,
+}
+
+impl<'de, 'c, A: VariantAccess<'de>> VariantAccess<'de> for Variant<'c, A> {
+    type Error = A::Error;
+
+    fn unit_variant(self) -> Result<(), A::Error> {
+        self.inner.unit_variant()
+    }
+
+    fn newtype_variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<T::Value, A::Error> {
+        self.inner.newtype_variant_seed(Seed { seed, scope: self.scope, role: Role::Value })
+    }
+
+    fn tuple_variant<V: Visitor<'de>>(self, len: usize, visitor: V) -> Result<V::Value, A::Error> {
+        self.inner.tuple_variant(len, Visit { visitor, scope: self.scope, role: Role::Value, hint: Hint::Any })
+    }
+
+    fn struct_variant<V: Visitor<'de>>(self, fields: &'static [&'static str], visitor: V) -> Result<V::Value, A::Error> {
+        self.inner.struct_variant(fields, Visit { visitor, scope: self.scope, role: Role::Value, hint: Hint::Any })
+    }
+}

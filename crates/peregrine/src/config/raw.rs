@@ -1,0 +1,386 @@
+//! The serde model of `config.yml` as written: the sections Peregrine reads, the Osprey keys it
+//! accepts and ignores, and value types whose errors say what is expected.
+//!
+//! Sections Peregrine owns deny unknown keys, so a typo (`max_token`) is an error; Osprey's own
+//! sections (`api.providers.<name>`, `system`, `file_paths`, `logging`, `development`) accept
+//! extra keys, which are reported as ignored. Keys not declared here are skipped by serde and
+//! recorded by the interpolating deserializer ([`super::de`]).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use peregrine_agent::ClassifierMode;
+use peregrine_core::{ApprovalConfig, ExecutionLimits};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, IgnoredAny, Visitor};
+
+/// The whole file. Unknown top-level keys are skipped (and reported as ignored).
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawConfig {
+    #[serde(default)]
+    pub models: Option<BTreeMap<String, RawModel>>,
+    #[serde(default)]
+    pub api: Option<RawApi>,
+    #[serde(default)]
+    pub approval: Option<ApprovalConfig>,
+    #[serde(default)]
+    pub execution_control: Option<RawExecutionControl>,
+    #[serde(default)]
+    pub system: Option<RawSystem>,
+    #[serde(default)]
+    pub file_paths: Option<RawFilePaths>,
+    #[serde(default)]
+    pub checkpointer: Option<RawCheckpointer>,
+    #[serde(default)]
+    pub capabilities: Option<RawCapabilities>,
+    #[serde(default)]
+    pub logging: Option<RawLogging>,
+    #[serde(default)]
+    pub development: Option<RawDevelopment>,
+}
+
+/// `models.<role>`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawModel {
+    pub provider: String,
+    pub model_id: String,
+    #[serde(default)]
+    pub max_tokens: Option<PositiveCount>,
+    #[serde(default)]
+    pub temperature: Option<Temperature>,
+}
+
+/// `api`: only `providers` is read.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawApi {
+    #[serde(default)]
+    pub providers: Option<BTreeMap<String, Option<RawProvider>>>,
+}
+
+/// `api.providers.<name>`; Osprey's extras (`host`, `port`, …) are ignored.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawProvider {
+    #[serde(default)]
+    pub api_key: Option<String>,
+    #[serde(default)]
+    pub base_url: Option<String>,
+    #[serde(default)]
+    pub timeout_seconds: Option<Seconds>,
+    #[serde(default)]
+    pub max_retries: Option<Count>,
+    #[serde(default)]
+    pub model_path: Option<String>,
+    #[serde(default)]
+    pub protocol: Option<Protocol>,
+}
+
+/// The keys of `api.providers.<name>` Peregrine reads.
+pub(crate) const PROVIDER_KEYS: &[&str] = &["api_key", "base_url", "timeout_seconds", "max_retries", "model_path", "protocol"];
+
+/// A provider's wire protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Protocol {
+    Openai,
+    Anthropic,
+    Ollama,
+    Local,
+}
+
+impl Protocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Openai => "openai",
+            Self::Anthropic => "anthropic",
+            Self::Ollama => "ollama",
+            Self::Local => "local",
+        }
+    }
+}
+
+/// `execution_control`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawExecutionControl {
+    #[serde(default)]
+    pub agent_control: Option<RawAgentControl>,
+    #[serde(default)]
+    pub limits: Option<ExecutionLimits>,
+    #[serde(default)]
+    pub classifier_mode: Option<ClassifierMode>,
+    #[serde(default)]
+    pub prompt_history_chars: Option<Count>,
+    #[serde(default)]
+    pub data_source_timeout_seconds: Option<Seconds>,
+    /// Upstream's legacy `execution_control.epics.writes_enabled`: accepted, ignored.
+    #[serde(default)]
+    #[allow(dead_code, reason = "accepted so that the key is reported as ignored, never read")]
+    pub epics: Option<IgnoredAny>,
+}
+
+/// `execution_control.agent_control`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAgentControl {
+    #[serde(default)]
+    pub planning_mode_enabled: Option<bool>,
+    #[serde(default)]
+    pub task_extraction_bypass_enabled: Option<bool>,
+    #[serde(default)]
+    pub capability_selection_bypass_enabled: Option<bool>,
+    #[serde(default)]
+    pub orchestration_mode: Option<OrchestrationMode>,
+}
+
+/// `execution_control.agent_control.orchestration_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum OrchestrationMode {
+    PlanFirst,
+    React,
+}
+
+/// `system`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawSystem {
+    #[serde(default)]
+    pub timezone: Option<Timezone>,
+}
+
+/// `file_paths`: only `agent_data_dir` is read.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawFilePaths {
+    #[serde(default)]
+    pub agent_data_dir: Option<String>,
+}
+
+/// `checkpointer` (Peregrine's own section).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCheckpointer {
+    #[serde(default, rename = "type")]
+    pub kind: Option<CheckpointerKind>,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub pool_size: Option<PositiveCount>,
+}
+
+/// `capabilities` (Peregrine's own section): which of the framework's built-in capabilities
+/// an application leaves out.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCapabilities {
+    #[serde(default)]
+    pub exclude: Option<Vec<String>>,
+}
+
+/// `checkpointer.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum CheckpointerKind {
+    Sqlite,
+    Postgres,
+    Memory,
+}
+
+/// `logging`: `level` and `file` are Peregrine's; Osprey's console options are ignored.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawLogging {
+    #[serde(default)]
+    pub level: Option<String>,
+    #[serde(default)]
+    pub file: Option<String>,
+}
+
+/// `development`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawDevelopment {
+    #[serde(default)]
+    pub raise_raw_errors: Option<bool>,
+    #[serde(default)]
+    pub api_calls: Option<RawApiCalls>,
+}
+
+/// `development.api_calls`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawApiCalls {
+    #[serde(default)]
+    pub save_all: Option<bool>,
+}
+
+/// The keys each lenient section reads, for "did you mean" hints on ignored keys.
+pub(crate) fn known_keys(section: &str) -> &'static [&'static str] {
+    match section {
+        "" => &[
+            "models",
+            "api",
+            "approval",
+            "execution_control",
+            "system",
+            "file_paths",
+            "checkpointer",
+            "capabilities",
+            "logging",
+            "development",
+        ],
+        "api" => &["providers"],
+        "system" => &["timezone"],
+        "file_paths" => &["agent_data_dir"],
+        "logging" => &["level", "file"],
+        "development" => &["raise_raw_errors", "api_calls"],
+        "development.api_calls" => &["save_all"],
+        "approval" => &["global_mode", "capabilities", "allow_chat_override"],
+        "approval.capabilities" => &["python_execution", "memory"],
+        _ if section.starts_with("api.providers.") => PROVIDER_KEYS,
+        _ => &[],
+    }
+}
+
+/// A whole number of at least 1 (`max_tokens`, `pool_size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PositiveCount(pub u32);
+
+impl<'de> Deserialize<'de> for PositiveCount {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Expect;
+        impl Visitor<'_> for Expect {
+            type Value = PositiveCount;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a positive integer (such as 4096)")
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<PositiveCount, E> {
+                match u32::try_from(value) {
+                    Ok(value) if value > 0 => Ok(PositiveCount(value)),
+                    _ => Err(E::invalid_value(de::Unexpected::Unsigned(value), &self)),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<PositiveCount, E> {
+                match u64::try_from(value) {
+                    Ok(value) => self.visit_u64(value),
+                    Err(_) => Err(E::invalid_value(de::Unexpected::Signed(value), &self)),
+                }
+            }
+        }
+        deserializer.deserialize_u64(Expect)
+    }
+}
+
+/// A whole number of 0 or more (`max_retries`, `prompt_history_chars`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Count(pub u64);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Expect;
+        impl Visitor<'_> for Expect {
+            type Value = Count;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number (0 or more)")
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<Count, E> {
+                Ok(Count(value))
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<Count, E> {
+                u64::try_from(value).map(Count).map_err(|_| E::invalid_value(de::Unexpected::Signed(value), &self))
+            }
+        }
+        deserializer.deserialize_u64(Expect)
+    }
+}
+
+/// A positive, finite number of seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Seconds(pub f64);
+
+impl<'de> Deserialize<'de> for Seconds {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Expect;
+        impl Visitor<'_> for Expect {
+            type Value = Seconds;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a positive number of seconds (such as 120)")
+            }
+            fn visit_f64<E: de::Error>(self, value: f64) -> Result<Seconds, E> {
+                if value.is_finite() && value > 0.0 && value < 1e9 {
+                    Ok(Seconds(value))
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Float(value), &self))
+                }
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<Seconds, E> {
+                self.visit_f64(value as f64)
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<Seconds, E> {
+                self.visit_f64(value as f64)
+            }
+        }
+        deserializer.deserialize_f64(Expect)
+    }
+}
+
+/// A sampling temperature from 0 to 2.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Temperature(pub f32);
+
+impl<'de> Deserialize<'de> for Temperature {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Expect;
+        impl Visitor<'_> for Expect {
+            type Value = Temperature;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number from 0 to 2 (such as 0.0)")
+            }
+            fn visit_f64<E: de::Error>(self, value: f64) -> Result<Temperature, E> {
+                if (0.0..=2.0).contains(&value) {
+                    Ok(Temperature(value as f32))
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Float(value), &self))
+                }
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<Temperature, E> {
+                self.visit_f64(value as f64)
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<Temperature, E> {
+                self.visit_f64(value as f64)
+            }
+        }
+        deserializer.deserialize_f64(Expect)
+    }
+}
+
+/// An IANA timezone (`system.timezone`). Also takes the forms a `TZ` variable may hold:
+/// `:America/Chicago` and `/usr/share/zoneinfo/America/Chicago`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timezone(pub chrono_tz::Tz);
+
+impl Timezone {
+    pub fn parse(text: &str) -> Option<chrono_tz::Tz> {
+        let name = text.trim().trim_start_matches(':');
+        let name = name.rsplit_once("zoneinfo/").map_or(name, |(_, name)| name);
+        name.parse().ok()
+    }
+}
+
+impl<'de> Deserialize<'de> for Timezone {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Expect;
+        impl Visitor<'_> for Expect {
+            type Value = Timezone;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an IANA timezone name such as America/Los_Angeles, Europe/Berlin or UTC")
+            }
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<Timezone, E> {
+                Timezone::parse(value).map(Timezone).ok_or_else(|| {
+                    E::custom(format!(
+                        "unknown timezone `{value}`; expected an IANA timezone name such as America/Los_Angeles, Europe/Berlin or UTC"
+                    ))
+                })
+            }
+        }
+        deserializer.deserialize_str(Expect)
+    }
+}
