@@ -267,7 +267,16 @@ impl Agent {
         let pending = snapshot.as_ref().and_then(|snapshot| snapshot.meta.interrupt.clone());
         let sink = options.events.as_ref().map(StreamSink);
         let events = sink.as_ref().map(|sink| sink as &dyn EventSink);
-        let action = self.gateway.process(state.as_deref(), pending.as_ref(), text, session, events).await?;
+        // Cancelled before anything was written (an approval answer can take an LLM call): the
+        // thread stays as it was — a Ctrl-C must never become an answer.
+        let action = tokio::select! {
+            biased;
+            () = options.cancel.cancelled() => return Ok(Self::cancelled_unchanged(state)),
+            action = self.gateway.process(state.as_deref(), pending.as_ref(), text, session, events) => action?,
+        };
+        if options.cancel.is_cancelled() && matches!(action, GatewayAction::Run(_) | GatewayAction::Resume { .. }) {
+            return Ok(Self::cancelled_unchanged(state));
+        }
         let before = state.as_ref().map_or(0, |state| state.messages.len());
         match action {
             GatewayAction::Run(update) => {
@@ -291,6 +300,11 @@ impl Agent {
             }
             GatewayAction::Exit => Ok(TurnResult { status: TurnStatus::Exit, response: None, interrupt: None, command: None, state }),
         }
+    }
+
+    /// A turn cancelled before it changed anything.
+    fn cancelled_unchanged(state: Option<Arc<AgentState>>) -> TurnResult {
+        TurnResult { status: TurnStatus::Cancelled, response: None, interrupt: None, command: None, state }
     }
 
     /// Answers the pending approval of `thread_id` directly (for APIs with approve / reject

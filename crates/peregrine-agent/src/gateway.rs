@@ -95,6 +95,9 @@ pub enum GatewayError {
     /// Nothing to do.
     #[error("the message is empty; type a question, or /help for the commands")]
     Empty,
+    /// An empty message while an approval is pending.
+    #[error("an approval is pending and the message is empty: answer yes or no (or say what to change)")]
+    EmptyAnswer,
     /// `/chat:<name>` for a capability that cannot be talked to directly.
     #[error("'{name}' is not a capability you can chat with directly; available: {available}")]
     NotDirectChat {
@@ -241,6 +244,10 @@ impl Gateway {
         text: &str,
         events: Option<&dyn EventSink>,
     ) -> Result<GatewayAction, GatewayError> {
+        // An empty line is not an answer (it would count as a rejection).
+        if text.trim().is_empty() {
+            return Err(GatewayError::EmptyAnswer);
+        }
         if text.trim().starts_with('/') {
             let parsed = commands::parse_input(text)?;
             if let Some(command) = parsed.commands.first() {
@@ -474,6 +481,11 @@ mod tests {
         assert!(matches!(command, Err(GatewayError::ApprovalPending { .. })), "{command:?}");
         let help = gateway.process(None, Some(&interrupt), "/help", &Session::default(), None).await.expect("help");
         assert!(matches!(help, GatewayAction::Reply(_)));
+        let provider = approving(true);
+        let gateway = self::gateway(provider.client());
+        let empty = gateway.process(None, Some(&interrupt), "  \n ", &Session::default(), None).await;
+        assert_eq!(empty, Err(GatewayError::EmptyAnswer), "an empty line is not a rejection");
+        assert!(provider.requests().is_empty(), "and asks no model");
     }
 
     #[tokio::test]

@@ -1,7 +1,9 @@
 //! `peregrine chat` in a pseudo-terminal against the scripted OpenAI-compatible server: a
 //! streamed answer, `/help` with the chat's keys, a planning turn whose plan approval is asked
 //! and answered at the prompt, Ctrl-C cancelling a slow answer and `/resume` finishing it,
-//! and Ctrl-D leaving with exit code 0. Piped stdin: one turn per line, exit at the end.
+//! and Ctrl-D leaving with exit code 0; the live status line cut to the terminal's width and
+//! left out on a dumb terminal. Piped stdin: one turn per line, exit at the end; a streamed
+//! answer cut off and retried is shown once.
 
 #![allow(clippy::expect_used, clippy::unwrap_used, reason = "tests")]
 
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use expectrl::process::unix::WaitStatus;
 use expectrl::{Eof, Expect as _, Session};
-use peregrine_testkit::llm_server::{Reply, Script, ScriptedLlmServer};
+use peregrine_testkit::llm_server::{Fault, Reply, Script, ScriptedLlmServer};
 use serde_json::json;
 
 /// How long any one expected output may take (generous: a debug build on a busy machine).
@@ -246,7 +248,50 @@ fn piped_lines_are_one_turn_each_and_a_pending_approval_is_shown_on_reopening() 
     assert!(success, "exit 0: {stderr}");
     assert!(stderr.contains("continuing thread 'piped' (3 turns so far)"), "the recap: {stderr}");
     assert!(stderr.contains("answer yes / no"), "the pending approval is repeated with the hint: {stderr}");
+    assert!(stderr.contains("your message was taken as the answer to the pending approval: approved"), "{stderr}");
     assert!(stdout.starts_with("⚠️ **HUMAN APPROVAL REQUIRED**"), "the approval prompt comes first: {stdout}");
     assert!(stdout.trim_end().ends_with(PLANNED_ANSWER), "the next line answers it: {stdout}");
     assert_eq!(server.chat_requests().iter().filter(|request| request.schema_name.is_none()).count(), 3);
+}
+
+#[test]
+fn a_streamed_answer_cut_off_and_retried_is_shown_once_whole() {
+    let cut = streamed(&["PARTIAL-A ", "PARTIAL-B ", "never sent"]).with_fault(Fault::TruncatedStream { after_chunks: 3 });
+    let (_runtime, server) = start(vec![cut, streamed(&["Full ", "answer."])]);
+    let project = Project::new(&server.base_url());
+    let (success, stdout, stderr) = piped(&project, &["-t", "retry"], "What is the answer?\n/resume now please\n");
+    assert!(success, "{stderr}");
+    assert_eq!(stdout.lines().last(), Some("Full answer."), "the retried answer on a line of its own: {stdout:?}");
+    assert_eq!(stdout.matches("Full answer.").count(), 1, "printed once: {stdout:?}");
+    assert!(stderr.contains("the answer was cut off; retrying"), "{stderr}");
+    assert!(stderr.contains("/resume takes nothing after it"), "/resume with words is refused: {stderr}");
+    assert!(stderr.contains("thread retry"), "-t names the thread: {stderr}");
+}
+
+#[test]
+fn the_live_line_fits_the_terminal_and_a_dumb_terminal_gets_none() {
+    let (_runtime, server) = start(vec![Reply::text("First answer."), Reply::text("Second answer.")]);
+    let project = Project::new(&server.base_url());
+    let mut command = project.chat(&[]);
+    command.env("COLUMNS", "24");
+    let mut session = Session::spawn(command).expect("spawn peregrine chat in a pty");
+    session.set_expect_timeout(Some(STEP));
+    expect(&mut session, "you> ", "the first prompt");
+    session.send_line("What is the beam energy?").expect("send");
+    let shown = expect(&mut session, "First answer.", "the answer");
+    assert!(shown.contains("\x1b[2K"), "a live line is drawn: {shown:?}");
+    assert!(shown.contains("extracting") && !shown.contains("extracting the task"), "cut to 24 columns: {shown:?}");
+    expect(&mut session, "you> ", "the prompt after the answer");
+    leave(session);
+
+    let mut command = project.chat(&[]);
+    command.env("TERM", "dumb");
+    let mut session = Session::spawn(command).expect("spawn peregrine chat in a pty");
+    session.set_expect_timeout(Some(STEP));
+    expect(&mut session, "you> ", "the first prompt");
+    session.send_line("What is the beam energy?").expect("send");
+    let shown = expect(&mut session, "Second answer.", "the answer");
+    assert!(!shown.contains("\x1b[2K") && !shown.contains("extracting"), "no live line on a dumb terminal: {shown:?}");
+    expect(&mut session, "you> ", "the prompt after the answer");
+    leave(session);
 }

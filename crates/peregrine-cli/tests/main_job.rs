@@ -1,7 +1,7 @@
 //! The main job through the real `peregrine` binary with no config.yml — the embedded defaults:
 //! SQLite in the agent data directory and the local model — in a temp home: a missing model
-//! file is a clear usage error, a missing thread a clear error, and, with the embedded model,
-//! two turns answered by it and stored on one thread.
+//! file is a clear usage error (for `run` and `config validate` alike), a missing thread a clear
+//! error, and, with the embedded model, two turns answered by it and stored on one thread.
 
 #![allow(clippy::expect_used, clippy::unwrap_used, reason = "tests")]
 
@@ -31,9 +31,15 @@ fn without_a_model_file_the_embedded_defaults_say_how_to_get_one() {
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     let message = stderr(&output);
     assert!(message.contains("/nonexistent/SmolLM2.gguf") && message.contains("scripts/fetch-model.sh"), "{message}");
+    // `config validate` refuses what `run` refuses, with the same message.
     let validate = peregrine(home.path(), "/nonexistent/SmolLM2.gguf", &["config", "validate"]);
-    assert!(validate.status.success(), "{}", stderr(&validate));
-    assert!(String::from_utf8_lossy(&validate.stdout).contains("embedded defaults"), "{}", String::from_utf8_lossy(&validate.stdout));
+    assert_eq!(validate.status.code(), Some(2), "{}", stderr(&validate));
+    assert!(
+        stderr(&validate).contains("/nonexistent/SmolLM2.gguf") && stderr(&validate).contains("scripts/fetch-model.sh"),
+        "{}",
+        stderr(&validate)
+    );
+    assert!(!String::from_utf8_lossy(&validate.stdout).contains("valid:"), "{}", String::from_utf8_lossy(&validate.stdout));
 }
 
 #[test]

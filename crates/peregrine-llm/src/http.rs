@@ -25,15 +25,47 @@ pub fn client(timeout: Duration) -> Result<reqwest::Client, LlmError> {
 
 /// Sends a prepared request and turns transport failures and error statuses into
 /// [`LlmError`]s; returns the response of a 2xx.
+///
+/// Providers sometimes quote the credentials they refused ("Incorrect API key provided: …"):
+/// every credential header value of the request is scrubbed from the error body before it can
+/// reach an error message, an event, a log or a checkpoint.
 pub async fn send(builder: reqwest::RequestBuilder, provider: &str, model: &str, url: &str) -> Result<reqwest::Response, LlmError> {
-    let response = builder.send().await.map_err(|error| transport_error(provider, model, url, &error))?;
+    let (client, request) = builder.build_split();
+    let request = request.map_err(|error| transport_error(provider, model, url, &error))?;
+    let credentials = credentials_of(request.headers());
+    let response = client.execute(request).await.map_err(|error| transport_error(provider, model, url, &error))?;
     let status = response.status();
     if status.is_success() {
         return Ok(response);
     }
     let headers = response.headers().clone();
-    let body = response.text().await.unwrap_or_default();
+    let body = scrub(&response.text().await.unwrap_or_default(), &credentials);
     Err(status_error(provider, model, status, &headers, &body))
+}
+
+/// The secret parts of a request's credential headers (`Authorization` with and without its
+/// scheme, `x-api-key`, `api-key`).
+fn credentials_of(headers: &HeaderMap) -> Vec<String> {
+    let mut secrets = Vec::new();
+    for name in [reqwest::header::AUTHORIZATION.as_str(), "x-api-key", "api-key"] {
+        for value in headers.get_all(name) {
+            let Ok(value) = value.to_str() else { continue };
+            let value = value.trim();
+            if let Some((_, token)) = value.split_once(' ') {
+                secrets.push(token.trim().to_owned());
+            }
+            secrets.push(value.to_owned());
+        }
+    }
+    // The longest first, so a key is never half-replaced inside its `Bearer` form.
+    secrets.retain(|secret| secret.len() >= 4);
+    secrets.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
+    secrets
+}
+
+/// `text` with every credential replaced by `***`.
+fn scrub(text: &str, credentials: &[String]) -> String {
+    credentials.iter().fold(text.to_owned(), |text, secret| text.replace(secret.as_str(), "***"))
 }
 
 /// Checks a provider's `base_url`: an http(s) URL without credentials or a query (keys belong
@@ -259,6 +291,18 @@ mod tests {
     fn classify(status: u16, body: &str) -> LlmErrorKind {
         let status = StatusCode::from_u16(status).expect("valid status");
         status_error("openai", "gpt-x", status, &HeaderMap::new(), body).kind
+    }
+
+    #[test]
+    fn credentials_are_scrubbed_from_error_bodies() {
+        let mut headers = HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, "Bearer sk-live-0123456789".parse().expect("header"));
+        headers.insert("x-api-key", "anthropic-key-987".parse().expect("header"));
+        let credentials = credentials_of(&headers);
+        let body = "Incorrect API key provided: Bearer sk-live-0123456789 (also sk-live-0123456789, anthropic-key-987)";
+        let scrubbed = scrub(body, &credentials);
+        assert_eq!(scrubbed, "Incorrect API key provided: *** (also ***, ***)");
+        assert!(credentials_of(&HeaderMap::new()).is_empty());
     }
 
     #[test]

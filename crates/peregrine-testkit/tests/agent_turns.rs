@@ -709,3 +709,35 @@ async fn acceptance_case_22_a_time_range_across_the_clock_change_reaches_respond
     let respond = last_prompt(&h.plain_calls());
     assert!(respond.contains("America/Los_Angeles"), "respond labels times with the facility timezone: {respond}");
 }
+
+#[tokio::test]
+async fn a_turn_cancelled_while_its_approval_answer_is_read_changes_nothing() {
+    // The approval model never answers: the person gives up (Ctrl-C) while it is asked.
+    let script = weather_script().on_schema("ApprovalResponse", Reply::fault(Fault::Timeout));
+    let h = harness(script, ClassifierMode::Batched).await;
+    let asked = h.send("t", "/planning What's the weather in Prague?").await;
+    let interrupt = asked.interrupt.expect("a plan approval is pending");
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let options = TurnOptions { events: None, cancel: cancel.clone() };
+    let session = Session::new("ada", "cli");
+    let answer = h.agent.send("t", "hmm, maybe later", &session, options);
+    tokio::pin!(answer);
+    // Cancel once the approval model has the question (checked, not slept on).
+    let result = loop {
+        tokio::select! {
+            result = &mut answer => break result,
+            () = tokio::task::yield_now() => {
+                if !h.calls("ApprovalResponse").is_empty() {
+                    cancel.cancel();
+                }
+            }
+        }
+    };
+    let result = result.expect("a cancelled turn is not an error");
+    assert_eq!(result.status, TurnStatus::Cancelled);
+    let snapshot = h.agent.graph().get_state("t").await.expect("state").expect("the thread");
+    assert_eq!(snapshot.meta.interrupt.as_ref().map(|pending| pending.id.as_str()), Some(interrupt.id.as_str()), "still waiting");
+    assert!(snapshot.meta.resume.is_none(), "no answer was recorded: the Ctrl-C is not a rejection");
+    let done = h.send("t", "yes").await;
+    assert_eq!(done.status, TurnStatus::Completed, "the approval is still there to answer: {:?}", done.response);
+}

@@ -157,11 +157,15 @@ async fn dispatch(cli: Cli, app: &dyn Application, out: &Output, mut command: cl
     match cli.command {
         Command::Completions { shell } => {
             let name = command.get_name().to_owned();
-            clap_complete::generate(shell, &mut command, name, &mut std::io::stdout());
+            // Generated into memory: clap_complete panics when stdout is closed (`| head`).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, name, &mut script);
+            crate::turn::print_out(&String::from_utf8_lossy(&script));
             return Ok(ExitCode::SUCCESS);
         }
         Command::Init(args) => {
-            init_tracing(out.verbosity, None, global.log_file.as_deref(), out.color_stderr).map_err(Failure::from)?;
+            init_tracing(out.verbosity, None, global.log_file.as_deref(), out.color_stderr, Arc::new(str::to_owned))
+                .map_err(Failure::from)?;
             // A bad name, a non-empty directory or a missing checkout is a usage error (exit 2).
             init::run(&args, out).map_err(|error| match error.downcast_ref::<init::InitError>() {
                 Some(init::InitError::Io { .. }) | None => Failure::from(error),
@@ -171,9 +175,17 @@ async fn dispatch(cli: Cli, app: &dyn Application, out: &Output, mut command: cl
         }
         _ => {}
     }
-    let config = Config::load(&LoadOptions { explicit: global.config.clone() }).map_err(|error| Failure::usage(error.to_string()))?;
+    let config = Config::load(&LoadOptions { explicit: global.config.clone() }).map_err(|error| {
+        let failure = Failure::usage(error.to_string());
+        if let Command::Run(args) = &cli.command {
+            run::report_failure(args, &failure);
+        }
+        failure
+    })?;
     let log_file = global.log_file.clone().or_else(|| config.logging.file.clone());
-    init_tracing(out.verbosity, config.logging.level.as_deref(), log_file.as_deref(), out.color_stderr)
+    let secrets = config.clone();
+    let redact: crate::output::Redactor = Arc::new(move |text: &str| secrets.redact(text));
+    init_tracing(out.verbosity, config.logging.level.as_deref(), log_file.as_deref(), out.color_stderr, redact)
         .map_err(|error| Failure::usage(format!("{error:#}")))?;
     if !matches!(cli.command, Command::Config(_)) {
         report_config(&config, out);

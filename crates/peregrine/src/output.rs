@@ -2,7 +2,7 @@
 //! text when piped, `--quiet` / `--verbose`, and diagnostics through `tracing` to stderr or a
 //! file — never into stdout, which carries answers and `--json` events only.
 
-use std::io::IsTerminal as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::Path;
 
 use tracing_subscriber::EnvFilter;
@@ -84,20 +84,20 @@ impl Output {
     /// A note on stderr (not in quiet mode).
     pub fn note(&self, text: &str) {
         if self.notes() {
-            eprintln!("{}", Style::Dim.paint(text, self.color_stderr));
+            let _ = writeln!(std::io::stderr(), "{}", Style::Dim.paint(text, self.color_stderr));
         }
     }
 
     /// A warning on stderr (not in quiet mode).
     pub fn warn(&self, text: &str) {
         if self.notes() {
-            eprintln!("{} {text}", Style::Warning.paint("warning:", self.color_stderr));
+            let _ = writeln!(std::io::stderr(), "{} {text}", Style::Warning.paint("warning:", self.color_stderr));
         }
     }
 
     /// An error on stderr (always).
     pub fn error(&self, text: &str) {
-        eprintln!("{} {text}", Style::Error.paint("error:", self.color_stderr));
+        let _ = writeln!(std::io::stderr(), "{} {text}", Style::Error.paint("error:", self.color_stderr));
     }
 }
 
@@ -136,9 +136,13 @@ impl Style {
     }
 }
 
+/// Replaces secrets in a piece of text.
+pub type Redactor = std::sync::Arc<dyn Fn(&str) -> String + Send + Sync>;
+
 /// Sends `tracing` diagnostics to stderr (or `file`), filtered by `PEREGRINE_LOG`, else by
-/// `level` (`logging.level`), else by the verbosity. Idempotent.
-pub fn init_tracing(verbosity: Verbosity, level: Option<&str>, file: Option<&Path>, color: bool) -> anyhow::Result<()> {
+/// `level` (`logging.level`), else by the verbosity; every line passes through `redact` (the
+/// configuration's secrets) before it is written. Idempotent.
+pub fn init_tracing(verbosity: Verbosity, level: Option<&str>, file: Option<&Path>, color: bool, redact: Redactor) -> anyhow::Result<()> {
     let default = match verbosity {
         Verbosity::Quiet => "error",
         Verbosity::Normal => level.unwrap_or("warn"),
@@ -155,11 +159,96 @@ pub fn init_tracing(verbosity: Verbosity, level: Option<&str>, file: Option<&Pat
                 .append(true)
                 .open(path)
                 .map_err(|error| anyhow::anyhow!("cannot open the log file {}: {error}", path.display()))?;
-            builder.with_ansi(false).with_writer(std::sync::Mutex::new(file)).try_init()
+            let file = std::sync::Arc::new(std::sync::Mutex::new(file));
+            builder.with_ansi(false).with_writer(RedactingWriter::factory(redact, move || SharedFile(file.clone()))).try_init()
         }
-        None => builder.with_ansi(color).with_writer(std::io::stderr).try_init(),
+        None => builder.with_ansi(color).with_writer(RedactingWriter::factory(redact, std::io::stderr)).try_init(),
     };
     // Already initialised (tests calling twice): keep the first.
     let _ = result;
     Ok(())
+}
+
+/// A log file shared by every writer the subscriber makes.
+struct SharedFile(std::sync::Arc<std::sync::Mutex<std::fs::File>>);
+
+impl std::io::Write for SharedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).flush()
+    }
+}
+
+/// Buffers one formatted event and writes it redacted when dropped (the fmt layer makes one
+/// writer per event, so a secret is never split across two writes).
+struct RedactingWriter<W: std::io::Write> {
+    inner: W,
+    buffer: Vec<u8>,
+    redact: Redactor,
+}
+
+impl<W: std::io::Write> RedactingWriter<W> {
+    fn factory(redact: Redactor, make: impl Fn() -> W + Send + Sync + 'static) -> impl for<'a> tracing_subscriber::fmt::MakeWriter<'a> {
+        move || RedactingWriter { inner: make(), buffer: Vec::new(), redact: redact.clone() }
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for RedactingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.buffer.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<W: std::io::Write> Drop for RedactingWriter<W> {
+    fn drop(&mut self) {
+        if self.buffer.is_empty() {
+            return;
+        }
+        let text = (self.redact)(&String::from_utf8_lossy(&self.buffer));
+        // A log line that cannot be written is dropped; diagnostics never stop the command.
+        let _ = self.inner.write_all(text.as_bytes());
+        let _ = self.inner.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("sink").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn log_lines_are_redacted_as_a_whole() {
+        let sink = Sink::default();
+        let redact: Redactor = Arc::new(|text: &str| text.replace("sk-secret-42", "***"));
+        {
+            let mut writer = RedactingWriter { inner: sink.clone(), buffer: Vec::new(), redact };
+            // The fmt layer may write one event in pieces; a secret split across them is still found.
+            writer.write_all(b"provider said: sk-sec").expect("write");
+            writer.write_all(b"ret-42 is wrong\n").expect("write");
+        }
+        assert_eq!(String::from_utf8(sink.0.lock().expect("sink").clone()).expect("utf-8"), "provider said: *** is wrong\n");
+    }
 }

@@ -83,7 +83,7 @@ pub fn agent_on(config: &Config, app: &dyn Application, store: Arc<dyn DynCheckp
     app.register(&mut registry, &services).with_context(|| format!("{} cannot register its capabilities", app.name()))?;
     builder_sources.extend(app.data_sources(&services));
     let mut prompts = app.prompts();
-    if config.source.is_none() && prompts.response.is_none() {
+    if config.uses_embedded_model() && prompts.response.is_none() {
         // The embedded defaults answer with the small local model: a prompt it can follow.
         prompts.response = Some(Arc::new(crate::embedded::CompactResponsePrompts));
     }

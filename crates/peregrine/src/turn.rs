@@ -1,18 +1,26 @@
 //! Drives one turn and shows it: the engine's events as a live status line (terminal) or plain
 //! progress lines, answer tokens as they stream, or one JSON object per event (`--json`);
-//! Ctrl-C cancels the turn and keeps its last checkpoint.
+//! Ctrl-C cancels the turn and keeps its last checkpoint, a second Ctrl-C exits at once. Also
+//! what every command shares for its output: stdout that a closed pipe silences instead of
+//! panicking, thread ids checked and quoted for the hints that name them.
 
+use std::future::Future;
 use std::io::Write as _;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use peregrine_agent::{Agent, AgentError, Session, TurnOptions, TurnResult};
+use peregrine_agent::{Agent, AgentError, Session, TurnOptions, TurnResult, TurnStatus};
 use peregrine_core::AgentEvent;
 use peregrine_core::events::EventKind;
-use peregrine_graph::RunEvent;
+use peregrine_graph::{CheckpointSource, ListQuery, RunEvent};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::output::{Output, Style};
+
+/// Exit code after Ctrl-C (128 + SIGINT).
+pub const EXIT_INTERRUPTED: u8 = 130;
 
 /// What to do on the thread.
 #[derive(Debug, Clone, Copy)]
@@ -28,8 +36,8 @@ pub enum TurnRequest<'a> {
 pub struct Driven {
     /// The agent's answer, or why it could not act.
     pub result: Result<TurnResult, AgentError>,
-    /// Whether answer tokens were streamed to the output (the answer need not be printed again).
-    pub streamed: bool,
+    /// The answer text streamed since the last restart of the answer (empty when nothing was).
+    pub streamed: String,
     /// Whether the person pressed Ctrl-C.
     pub interrupted_by_user: bool,
 }
@@ -40,13 +48,18 @@ pub trait TurnView {
     fn event(&mut self, event: &RunEvent<AgentEvent>);
     /// Called about ten times a second while the turn runs (spinners).
     fn tick(&mut self) {}
-    /// The turn ended; clear any live line.
+    /// The turn ended; clear any live line and end a streamed answer's line.
     fn finish(&mut self) {}
-    /// Whether answer tokens were written.
-    fn streamed(&self) -> bool;
+    /// The answer text streamed since the last restart of the answer.
+    fn streamed(&self) -> &str;
+    /// A second Ctrl-C: the process exits right after this; say so.
+    fn abort(&mut self) {}
 }
 
-/// Runs `request` on `thread`, showing its events in `view`, until it ends or Ctrl-C cancels it.
+/// Runs `request` on `thread`, showing its events in `view`, until it ends or Ctrl-C cancels
+/// it. A second Ctrl-C exits the process at once with [`EXIT_INTERRUPTED`] (every finished step
+/// is already checkpointed), so a turn that does not react to the cancellation cannot hold the
+/// terminal hostage.
 pub async fn drive(agent: &Agent, thread: &str, request: TurnRequest<'_>, session: &Session, view: &mut dyn TurnView) -> Driven {
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
@@ -58,23 +71,31 @@ pub async fn drive(agent: &Agent, thread: &str, request: TurnRequest<'_>, sessio
         }
     };
     tokio::pin!(turn);
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
+    // `None` once listening failed: a finished future is never polled again.
+    let mut ctrl_c = Some(Box::pin(tokio::signal::ctrl_c()));
     let mut interrupted_by_user = false;
     let mut ticker = tokio::time::interval(Duration::from_millis(100));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let result = loop {
         tokio::select! {
             biased;
-            Some(event) = receiver.recv() => view.event(&event),
-            result = &mut turn => break result,
-            signal = &mut ctrl_c, if !interrupted_by_user => {
-                // Without a signal handler there is nothing to cancel with; the turn goes on.
-                if signal.is_ok() {
+            // First, so that a flood of tokens never starves it.
+            signal = next_signal(&mut ctrl_c) => match signal {
+                Ok(()) if !interrupted_by_user => {
                     interrupted_by_user = true;
                     cancel.cancel();
+                    // tokio's handler now swallows SIGINT: keep listening for the second one.
+                    ctrl_c = Some(Box::pin(tokio::signal::ctrl_c()));
                 }
-            }
+                Ok(()) => {
+                    view.abort();
+                    std::process::exit(i32::from(EXIT_INTERRUPTED));
+                }
+                // Without a signal handler there is nothing to cancel with; the turn goes on.
+                Err(_) => ctrl_c = None,
+            },
+            Some(event) = receiver.recv() => view.event(&event),
+            result = &mut turn => break result,
             _ = ticker.tick() => view.tick(),
         }
     };
@@ -82,51 +103,156 @@ pub async fn drive(agent: &Agent, thread: &str, request: TurnRequest<'_>, sessio
         view.event(&event);
     }
     view.finish();
-    Driven { result, streamed: view.streamed(), interrupted_by_user }
+    Driven { result, streamed: view.streamed().to_owned(), interrupted_by_user }
 }
+
+/// The next Ctrl-C, or never when nobody listens.
+async fn next_signal<F: Future<Output = std::io::Result<()>>>(slot: &mut Option<Pin<Box<F>>>) -> std::io::Result<()> {
+    match slot {
+        Some(signal) => signal.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The text to print after a turn: the response (or `fallback`, e.g. an interface command's
+/// reply) unless exactly that answer was already streamed. An error report is always printed.
+pub fn text_to_print(result: &TurnResult, streamed: &str, fallback: Option<String>) -> Option<String> {
+    let text = result.response.clone().or(fallback)?;
+    let already_shown = !streamed.trim().is_empty() && streamed.trim() == text.trim();
+    (result.status == TurnStatus::Failed || !already_shown).then_some(text)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streamed answers that restart
+// ---------------------------------------------------------------------------------------------
+
+/// Follows the streamed answer: its text, the component and role that stream it, and whether a
+/// stream was cut. A retried node streams its answer again from the start, so what was printed
+/// before no longer counts.
+#[derive(Debug, Default)]
+struct AnswerStream {
+    text: String,
+    source: Option<(String, String)>,
+    cut: bool,
+}
+
+/// What an event did to the streamed answer.
+#[derive(Debug, PartialEq, Eq)]
+enum StreamStep {
+    /// A piece of the answer.
+    Token,
+    /// The stream broke after some text; that text is void.
+    Cut,
+    /// The same caller asks again; `after_cut` when [`StreamStep::Cut`] was already reported.
+    Restart { after_cut: bool },
+    /// Nothing to do with the answer.
+    Other,
+}
+
+impl AnswerStream {
+    fn is_source(&self, component: &str, role: &str) -> bool {
+        self.source.as_ref().is_some_and(|(streaming, streaming_role)| streaming == component && streaming_role == role)
+    }
+
+    fn observe(&mut self, event: &AgentEvent) -> StreamStep {
+        match &event.kind {
+            EventKind::LlmToken { role, content } => {
+                if self.source.is_none() {
+                    self.source = Some((event.component.clone(), role.clone()));
+                }
+                self.text.push_str(content);
+                StreamStep::Token
+            }
+            EventKind::LlmResponse { role, success: false, .. } if self.is_source(&event.component, role) && !self.text.is_empty() => {
+                self.text.clear();
+                self.cut = true;
+                StreamStep::Cut
+            }
+            EventKind::LlmRequest { role, .. } if self.is_source(&event.component, role) && (self.cut || !self.text.is_empty()) => {
+                let after_cut = self.cut;
+                self.text.clear();
+                self.cut = false;
+                StreamStep::Restart { after_cut }
+            }
+            _ => StreamStep::Other,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Human output
+// ---------------------------------------------------------------------------------------------
+
+/// The note when a streamed answer starts over.
+const RETRY_NOTE: &str = "(the answer was cut off; retrying)";
+/// The note when a streamed answer broke and was not retried.
+const CUT_NOTE: &str = "(the answer was cut off)";
 
 /// Human output: answer tokens on stdout as they stream; progress on stderr — a live line with
 /// a spinner, the step and the elapsed time on a terminal, plain lines otherwise (verbose only).
 #[derive(Debug)]
 pub struct TextView {
     out: Output,
-    streamed: bool,
     started: Instant,
     status: Option<String>,
     live_shown: bool,
     frame: usize,
+    columns: usize,
+    dumb: bool,
+    stream: AnswerStream,
+    /// Streamed text on stdout whose line is not ended yet.
+    line_open: bool,
+    /// A cut whose note waits for the retry (or the end of the turn).
+    cut_unreported: bool,
+    abort_hint: String,
 }
 
 const SPINNER: [&str; 10] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
 
 impl TextView {
-    /// A view writing to the process's stdout and stderr.
-    pub fn new(out: Output) -> Self {
-        Self { out, streamed: false, started: Instant::now(), status: None, live_shown: false, frame: 0 }
+    /// A view writing to the process's stdout and stderr; `abort_hint` says how to finish the
+    /// turn after a second Ctrl-C ended the process.
+    pub fn new(out: Output, abort_hint: impl Into<String>) -> Self {
+        let columns = std::env::var("COLUMNS").ok().and_then(|columns| columns.trim().parse::<usize>().ok()).filter(|columns| *columns > 0);
+        let dumb = std::env::var("TERM").is_ok_and(|term| term == "dumb");
+        Self {
+            out,
+            started: Instant::now(),
+            status: None,
+            live_shown: false,
+            frame: 0,
+            columns: columns.unwrap_or(80),
+            dumb,
+            stream: AnswerStream::default(),
+            line_open: false,
+            cut_unreported: false,
+            abort_hint: abort_hint.into(),
+        }
     }
 
     fn live(&self) -> bool {
-        self.out.stderr_tty && self.out.notes()
+        self.out.stderr_tty && self.out.notes() && !self.dumb
     }
 
     fn clear_live(&mut self) {
         if self.live_shown {
-            eprint!("\r\x1b[2K");
-            let _ = std::io::stderr().flush();
+            write_stderr("\r\x1b[2K");
             self.live_shown = false;
         }
     }
 
     fn draw(&mut self) {
         let Some(status) = &self.status else { return };
-        if !self.live() || self.streamed {
+        if !self.live() || !self.stream.text.is_empty() {
             return;
         }
-        let elapsed = self.started.elapsed().as_secs_f64();
         let spinner = SPINNER[self.frame % SPINNER.len()];
-        let line = format!("{spinner} {status} {}", Style::Dim.paint(&format!("({elapsed:.1}s)"), self.out.color_stderr));
-        eprint!("\r\x1b[2K{line}");
-        let _ = std::io::stderr().flush();
+        let elapsed = format!("({:.1}s)", self.started.elapsed().as_secs_f64());
+        // One line, never wrapped: a wrapped line cannot be cleared with `\r`.
+        let room = self.columns.saturating_sub(elapsed.chars().count() + 4);
+        let status = truncate(status, room);
+        let line = format!("{spinner} {status} {}", Style::Dim.paint(&elapsed, self.out.color_stderr));
+        write_stderr(&format!("\r\x1b[2K{line}"));
         self.live_shown = true;
     }
 
@@ -135,9 +261,39 @@ impl TextView {
             self.status = Some(status);
             self.draw();
         } else if self.out.verbose() {
-            eprintln!("{}", Style::Dim.paint(&format!("· {status}"), self.out.color_stderr));
+            self.note_line(&format!("· {status}"));
         }
     }
+
+    /// A dim line on stderr, after clearing the live line.
+    fn note_line(&mut self, text: &str) {
+        self.clear_live();
+        write_stderr(&format!("{}\n", Style::Dim.paint(text, self.out.color_stderr)));
+    }
+
+    fn end_line(&mut self) {
+        if self.line_open {
+            print_out("\n");
+            self.line_open = false;
+        }
+    }
+
+    fn token(&mut self, content: &str) {
+        self.clear_live();
+        print_out(content);
+        if !content.is_empty() {
+            self.line_open = !content.ends_with('\n');
+        }
+    }
+}
+
+/// `text` cut to `max` characters, with an ellipsis when cut.
+fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let kept: String = text.chars().take(max.saturating_sub(1)).collect();
+    format!("{kept}…")
 }
 
 /// The one-line description of a node starting.
@@ -162,26 +318,41 @@ impl TurnView for TextView {
                 }
             }
             RunEvent::Waiting { node, delay } => self.set_status(format!("retrying {node} in {:.1}s", delay.as_secs_f64())),
-            RunEvent::Custom(event) => match &event.kind {
-                EventKind::CapabilityStart { capability_name, step_number, total_steps, description } => {
-                    self.set_status(format!("step {step_number}/{total_steps} {capability_name}: {description}"));
+            RunEvent::Custom(event) => {
+                match self.stream.observe(event) {
+                    StreamStep::Token => {
+                        if let EventKind::LlmToken { content, .. } = &event.kind {
+                            self.token(content);
+                        }
+                        return;
+                    }
+                    StreamStep::Cut => {
+                        self.end_line();
+                        self.cut_unreported = true;
+                    }
+                    StreamStep::Restart { .. } => {
+                        self.end_line();
+                        self.cut_unreported = false;
+                        if self.out.notes() {
+                            self.note_line(RETRY_NOTE);
+                        }
+                    }
+                    StreamStep::Other => {}
                 }
-                EventKind::Error { error_message, recoverable, .. } if self.out.verbose() || *recoverable => {
-                    let what = if *recoverable { "recovering from" } else { "error in" };
-                    self.set_status(format!("{what} {}: {error_message}", event.component));
+                match &event.kind {
+                    EventKind::CapabilityStart { capability_name, step_number, total_steps, description } => {
+                        self.set_status(format!("step {step_number}/{total_steps} {capability_name}: {description}"));
+                    }
+                    EventKind::Error { error_message, recoverable, .. } if self.out.verbose() || *recoverable => {
+                        let what = if *recoverable { "recovering from" } else { "error in" };
+                        self.set_status(format!("{what} {}: {error_message}", event.component));
+                    }
+                    EventKind::LlmRequest { role, model, .. } if self.out.verbose() => {
+                        self.set_status(format!("{}: calling {model} ({role})", event.component));
+                    }
+                    _ => {}
                 }
-                EventKind::LlmRequest { role, model, .. } if self.out.verbose() => {
-                    self.set_status(format!("{}: calling {model} ({role})", event.component));
-                }
-                EventKind::LlmToken { content, .. } => {
-                    self.clear_live();
-                    print!("{content}");
-                    // A failed flush only delays the text; the whole answer is stored regardless.
-                    let _ = std::io::stdout().flush();
-                    self.streamed = true;
-                }
-                _ => {}
-            },
+            }
             _ => {}
         }
     }
@@ -193,29 +364,45 @@ impl TurnView for TextView {
 
     fn finish(&mut self) {
         self.clear_live();
-        if self.streamed {
-            println!();
+        self.end_line();
+        if std::mem::take(&mut self.cut_unreported) && self.out.notes() {
+            self.note_line(CUT_NOTE);
         }
     }
 
-    fn streamed(&self) -> bool {
-        self.streamed
+    fn streamed(&self) -> &str {
+        &self.stream.text
+    }
+
+    fn abort(&mut self) {
+        self.clear_live();
+        self.end_line();
+        let note = format!("second Ctrl-C: stopped at once; the finished steps are kept — {}", self.abort_hint);
+        write_stderr(&format!("{}\n", Style::Warning.paint(&note, self.out.color_stderr)));
     }
 }
 
-/// `--json`: one JSON object per line on stdout for every event.
-#[derive(Debug, Default)]
+// ---------------------------------------------------------------------------------------------
+// JSON output
+// ---------------------------------------------------------------------------------------------
+
+/// `--json`: one JSON object per line on stdout for every event; `{"type":"stream_reset",…}`
+/// when a streamed answer starts over (the tokens before it are void).
+#[derive(Debug)]
 pub struct JsonView {
-    streamed: bool,
+    thread: String,
+    stream: AnswerStream,
 }
 
 impl JsonView {
+    /// A view of a turn on `thread`.
+    pub fn new(thread: impl Into<String>) -> Self {
+        Self { thread: thread.into(), stream: AnswerStream::default() }
+    }
+
     /// Prints one object as a line.
     pub fn emit(value: &Value) {
-        let mut stdout = std::io::stdout().lock();
-        // A closed pipe ends the output; the turn itself is stored regardless.
-        let _ = writeln!(stdout, "{value}");
-        let _ = stdout.flush();
+        print_out(&format!("{value}\n"));
     }
 }
 
@@ -247,13 +434,248 @@ pub fn event_json(event: &RunEvent<AgentEvent>) -> Value {
 
 impl TurnView for JsonView {
     fn event(&mut self, event: &RunEvent<AgentEvent>) {
-        if matches!(event, RunEvent::Custom(AgentEvent { kind: EventKind::LlmToken { .. }, .. })) {
-            self.streamed = true;
+        if let RunEvent::Custom(agent_event) = event {
+            let step = self.stream.observe(agent_event);
+            if matches!(step, StreamStep::Cut | StreamStep::Restart { after_cut: false }) {
+                let (component, role) = self.stream.source.clone().unwrap_or_default();
+                Self::emit(
+                    &json!({"type": "stream_reset", "component": component, "role": role, "reason": "the answer is streamed again from the start"}),
+                );
+            }
         }
         Self::emit(&event_json(event));
     }
 
-    fn streamed(&self) -> bool {
-        self.streamed
+    fn streamed(&self) -> &str {
+        &self.stream.text
+    }
+
+    fn abort(&mut self) {
+        Self::emit(&json!({
+            "type": "result", "thread_id": self.thread, "status": "cancelled", "response": Value::Null, "interrupt": Value::Null,
+            "error": "a second Ctrl-C stopped the process at once; the finished steps are kept (--resume finishes the turn)",
+        }));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Approval answers
+// ---------------------------------------------------------------------------------------------
+
+/// How the answer to the interrupt `interrupt_id` on `thread` was read (approved or not), from
+/// the checkpoint that recorded it; `None` when the message was not taken as its answer.
+pub async fn recorded_answer(agent: &Agent, thread: &str, interrupt_id: &str) -> Option<bool> {
+    const PAGE: usize = 64;
+    let mut before = None;
+    loop {
+        let page = agent.graph().history(thread, ListQuery { before, limit: Some(PAGE) }).await.ok()?;
+        for meta in &page {
+            if meta.interrupt.as_ref().is_some_and(|interrupt| interrupt.id == interrupt_id) {
+                // Reached the question itself: nothing newer answered it.
+                return None;
+            }
+            if let (CheckpointSource::Resume, Some(resume)) = (meta.source, &meta.resume)
+                && resume.interrupt_id == interrupt_id
+            {
+                return Some(resume.answer.get("approved").and_then(Value::as_bool).unwrap_or(false));
+            }
+        }
+        if page.len() < PAGE {
+            return None;
+        }
+        before = page.last().map(|meta| meta.checkpoint_id);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// stdout and stderr that never panic
+// ---------------------------------------------------------------------------------------------
+
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Writes `text` to stdout and flushes it. Once stdout is gone (a closed pipe: `| head -1`),
+/// this and every later write do nothing: the output stops, never the command, which finishes
+/// its work and exits as if everything had been read. Returns whether stdout is still open.
+pub fn print_out(text: &str) -> bool {
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return false;
+    }
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Ok(()) => true,
+        Err(error) => {
+            STDOUT_CLOSED.store(true, Ordering::Relaxed);
+            if error.kind() != std::io::ErrorKind::BrokenPipe {
+                write_stderr(&format!("cannot write to stdout ({error}); the rest of the output is dropped\n"));
+            }
+            false
+        }
+    }
+}
+
+/// [`print_out`] with a newline.
+pub fn println_out(text: &str) -> bool {
+    print_out(&format!("{text}\n"))
+}
+
+/// Writes `text` to stderr; a stderr that cannot be written to loses the text, nothing else.
+pub fn write_stderr(text: &str) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(text.as_bytes()).and_then(|()| stderr.flush());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thread ids in arguments and hints
+// ---------------------------------------------------------------------------------------------
+
+/// Checks a thread id given on the command line: not empty, no control characters.
+pub fn check_thread_id(thread: &str) -> Result<(), String> {
+    if thread.trim().is_empty() {
+        return Err("a thread id cannot be empty".into());
+    }
+    if thread.chars().any(char::is_control) {
+        return Err(format!("the thread id {thread:?} contains control characters; use letters, digits, '-', '_' or spaces"));
+    }
+    Ok(())
+}
+
+/// A clap value parser for thread ids ([`check_thread_id`]).
+pub fn parse_thread_id(thread: &str) -> Result<String, String> {
+    check_thread_id(thread).map(|()| thread.to_owned())
+}
+
+/// `text` as one shell word: unchanged when it is plain, else in single quotes.
+pub fn shell_quote(text: &str) -> String {
+    let plain = !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "-_.,/:@%+=".contains(c));
+    if plain { text.to_owned() } else { format!("'{}'", text.replace('\'', r"'\''")) }
+}
+
+/// `--thread <id>` as a user can paste it (`--thread 'my thread'`; `--thread=-x` for an id
+/// that starts with `-`, which would otherwise read as an option).
+pub fn thread_flag(thread: &str) -> String {
+    if thread.starts_with('-') { format!("--thread={}", shell_quote(thread)) } else { format!("--thread {}", shell_quote(thread)) }
+}
+
+/// The name the program was started as (for hints in commands that do not know the
+/// application's name).
+pub fn invoked_name() -> String {
+    std::env::args_os()
+        .next()
+        .and_then(|arg| std::path::Path::new(&arg).file_name().map(|name| name.to_string_lossy().into_owned()))
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "peregrine".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(component: &str, kind: EventKind) -> AgentEvent {
+        AgentEvent { timestamp: chrono::Utc::now(), component: component.into(), kind }
+    }
+
+    fn token(text: &str) -> AgentEvent {
+        event("respond", EventKind::LlmToken { role: "response".into(), content: text.into() })
+    }
+
+    fn request(component: &str, role: &str) -> AgentEvent {
+        event(
+            component,
+            EventKind::LlmRequest {
+                role: role.into(),
+                schema: None,
+                prompt_preview: String::new(),
+                prompt_length: 0,
+                model: "m".into(),
+                provider: "p".into(),
+            },
+        )
+    }
+
+    fn response(component: &str, success: bool) -> AgentEvent {
+        event(
+            component,
+            EventKind::LlmResponse {
+                role: "response".into(),
+                success,
+                response_preview: String::new(),
+                response_length: 0,
+                input_tokens: None,
+                output_tokens: None,
+                duration_ms: 0,
+            },
+        )
+    }
+
+    #[test]
+    fn a_cut_stream_and_its_retry_start_the_answer_over() {
+        let mut stream = AnswerStream::default();
+        assert_eq!(stream.observe(&request("respond", "response")), StreamStep::Other, "nothing streamed yet");
+        assert_eq!(stream.observe(&token("PARTIAL-A ")), StreamStep::Token);
+        assert_eq!(stream.observe(&token("PARTIAL-B ")), StreamStep::Token);
+        assert_eq!(stream.observe(&request("classifier", "classifier")), StreamStep::Other, "another caller");
+        assert_eq!(stream.observe(&response("error", false)), StreamStep::Other, "another caller's failure");
+        assert_eq!(stream.observe(&response("respond", false)), StreamStep::Cut);
+        assert_eq!(stream.text, "");
+        assert_eq!(stream.observe(&request("respond", "response")), StreamStep::Restart { after_cut: true });
+        assert_eq!(stream.observe(&token("Full answer.")), StreamStep::Token);
+        assert_eq!(stream.observe(&response("respond", true)), StreamStep::Other);
+        assert_eq!(stream.text, "Full answer.");
+        // A node run again after a whole answer streams it again.
+        assert_eq!(stream.observe(&request("respond", "response")), StreamStep::Restart { after_cut: false });
+        assert_eq!(stream.text, "");
+    }
+
+    fn result(status: TurnStatus, response: Option<&str>) -> TurnResult {
+        TurnResult { status, response: response.map(str::to_owned), interrupt: None, command: None, state: None }
+    }
+
+    #[test]
+    fn the_answer_is_printed_unless_exactly_it_was_streamed() {
+        let cases = [
+            (TurnStatus::Completed, Some("Full answer."), "Full answer. ", None),
+            (TurnStatus::Completed, Some("Full answer."), "", Some("Full answer.")),
+            (TurnStatus::Completed, Some("Full answer."), "PARTIAL-A", Some("Full answer.")),
+            (TurnStatus::Failed, Some("ERROR REPORT"), "ERROR REPORT", Some("ERROR REPORT")),
+            (TurnStatus::Interrupted, Some("HUMAN APPROVAL REQUIRED"), "", Some("HUMAN APPROVAL REQUIRED")),
+            (TurnStatus::Completed, None, "", None),
+        ];
+        for (status, response, streamed, expected) in cases {
+            assert_eq!(
+                text_to_print(&result(status, response), streamed, None).as_deref(),
+                expected,
+                "{status:?} {response:?} {streamed:?}"
+            );
+        }
+        assert_eq!(text_to_print(&result(TurnStatus::InterfaceCommand, None), "", Some("3 turns".into())).as_deref(), Some("3 turns"));
+    }
+
+    #[test]
+    fn thread_ids_are_checked_and_quoted_for_the_shell() {
+        assert!(check_thread_id("main").is_ok());
+        assert!(check_thread_id("my thread").is_ok());
+        assert!(check_thread_id("").is_err());
+        assert!(check_thread_id("  ").is_err());
+        assert!(check_thread_id("a\nb").is_err());
+        assert!(check_thread_id("a\x1b[31m").is_err());
+        let cases = [
+            ("main", "--thread main"),
+            ("chat-20250101-120000-abcd", "--thread chat-20250101-120000-abcd"),
+            ("my thread", "--thread 'my thread'"),
+            ("it's", r"--thread 'it'\''s'"),
+            ("$HOME", "--thread '$HOME'"),
+            ("-x", "--thread=-x"),
+            ("-x y", "--thread='-x y'"),
+        ];
+        for (thread, flag) in cases {
+            assert_eq!(thread_flag(thread), flag, "{thread}");
+        }
+    }
+
+    #[test]
+    fn status_lines_fit_the_terminal() {
+        assert_eq!(truncate("writing the answer", 40), "writing the answer");
+        assert_eq!(truncate("writing the answer", 8), "writing…");
+        assert_eq!(truncate("writing", 0), "…");
     }
 }

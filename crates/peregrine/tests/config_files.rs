@@ -286,6 +286,9 @@ fn secrets_never_reach_an_error_message() {
 
     let error = parse_err("approval:\n  global_mode: ${DB_PASSWORD}\n", &[("DB_PASSWORD", "correct-horse-battery")]);
     assert!(!error.to_string().contains("correct-horse"), "{error}");
+    // Even a secret too short to scrub from every message stays out of the error about its key.
+    let error = parse_err("approval:\n  global_mode: ${DB_PASSWORD}\n", &[("DB_PASSWORD", "pw1")]);
+    assert!(!error.to_string().contains("pw1"), "{error}");
 }
 
 #[test]
@@ -304,8 +307,11 @@ fn embedded_defaults_come_from_the_environment() {
     assert_eq!(config.llm.provider("local").model_path.as_deref(), Some("/models/SmolLM2-135M-Instruct.Q4_1.gguf"));
     assert_eq!(config.settings.agent_data_dir, Path::new("/xdg/peregrine"));
     assert_eq!(config.checkpointer, CheckpointerConfig::Sqlite { path: PathBuf::from("/xdg/peregrine/checkpoints/peregrine.db") });
-    assert!(config.ignored_keys.is_empty() && config.warnings.is_empty());
     assert_eq!(config.redacted()["source"], serde_json::Value::Null);
+    // The working directory's .env is read for the embedded defaults too.
+    std::fs::write(dir.path().join(".env"), "PEREGRINE_DATA_DIR=/from-dotenv\n").expect("write");
+    let config = Config::load_with(&LoadOptions::default(), dir.path(), &lookups).expect("no file is fine");
+    assert_eq!(config.settings.agent_data_dir, Path::new("/from-dotenv"));
 
     let home_only = Config::embedded_with(dir.path(), &env(&[("HOME", "/home/op"), ("PEREGRINE_LOCAL_MODEL", "/m/model.gguf")]));
     assert_eq!(home_only.settings.agent_data_dir, Path::new("/home/op/.local/share/peregrine"));
@@ -372,14 +378,16 @@ logging:
 development:
   raise_raw_errors: true
 ";
-    let config = parse(text, &[]).expect("loads");
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("logs")).expect("mkdir");
+    let config = Config::from_text(text, &dir.path().join("config.yml"), &env(&[])).expect("loads");
     assert!(config.warnings.iter().any(|warning| warning.contains("react") && warning.contains("plan_first")), "{:?}", config.warnings);
     assert!(config.settings.agent_control.capability_selection_bypass_enabled);
     assert_eq!(config.settings.classifier_mode, ClassifierMode::PerCapability);
     assert_eq!(config.settings.prompt_history_chars, 8000);
     assert_eq!(config.settings.data_source_timeout, std::time::Duration::from_millis(2500));
     assert_eq!(config.logging.level.as_deref(), Some("peregrine=debug,warn"));
-    assert_eq!(config.logging.file.as_deref(), Some(Path::new("/srv/agent/logs/peregrine.log")));
+    assert_eq!(config.logging.file, Some(dir.path().join("logs/peregrine.log")));
     assert!(config.development.raise_raw_errors && !config.development.save_api_calls);
     assert_eq!(config.ignored_keys, ["logging.rich_tracebacks"]);
     assert_eq!(config.redacted()["execution_control"]["agent_control"]["orchestration_mode"], "plan_first");
@@ -403,6 +411,292 @@ fn built_in_capabilities_can_be_left_out_by_name_only() {
     let embedded = Config::embedded_with(dir.path(), &env(&[("HOME", "/home/operator")]));
     assert!(embedded.settings.agent_control.task_extraction_bypass_enabled);
     assert!(!embedded.capabilities.includes("memory") && !embedded.capabilities.includes("time_range_parsing"));
-    let from_file = Config::from_text("system:\n  timezone: UTC\n", &path, &env(&[])).expect("loads");
+    let from_file = Config::from_text(&format!("{MINIMAL}system:\n  timezone: UTC\n"), &path, &env(&[])).expect("loads");
     assert!(from_file.capabilities.exclude.is_empty() && !from_file.settings.agent_control.task_extraction_bypass_enabled);
+}
+
+/// The checkpointer's `url` of a configuration, as `config show` prints it.
+fn shown_url(config: &Config) -> String {
+    config.redacted()["checkpointer"]["url"].as_str().unwrap_or_default().to_owned()
+}
+
+fn postgres(url: &str, pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    parse(&format!("{MINIMAL}checkpointer:\n  type: postgres\n  url: \"{url}\"\n"), pairs)
+}
+
+#[test]
+fn postgres_passwords_never_print_in_any_form() {
+    let cases: &[(&str, &str, &str)] = &[
+        ("host=db user=app password=hunter2-kv dbname=x", "hunter2-kv", "host=db user=app password=*** dbname=x"),
+        ("host=db password = 'quoted pw 42' dbname=x", "quoted pw 42", "host=db password = *** dbname=x"),
+        ("postgres://app:pa#ss?w0rd@127.0.0.1:9/x", "pa#ss?w0rd", "postgres://app:***@127.0.0.1:9/x"),
+        ("postgresql://app:pa%23ss-enc@db/x", "pa#ss-enc", "postgresql://app:***@db/x"),
+        ("postgres://db:5432/x?user=app&password=query-pw-7", "query-pw-7", "postgres://db:5432/x?user=app&password=***"),
+    ];
+    for (url, password, shown) in cases {
+        let config = postgres(url, &[]).unwrap_or_else(|error| panic!("{url}: {error}"));
+        assert_eq!(shown_url(&config), *shown, "{url}");
+        let everything = format!("{} {config:?}", config.redacted());
+        assert!(!everything.contains(password), "{url}: {everything}");
+        assert_eq!(config.redact(&format!("auth failed for {password}")), "auth failed for ***", "{url}");
+    }
+    // The percent-encoded form of a password is hidden too.
+    let config = postgres("postgresql://app:pa%23ss-enc@db/x", &[]).expect("loads");
+    assert!(!config.redact("pa%23ss-enc").contains("pa%23ss"), "the written form is a secret too");
+
+    // DATABASE_URL (a *_URL variable holding a password) is a secret wherever it is used.
+    let config = postgres("${DATABASE_URL}", &[("DATABASE_URL", "postgres://app:dburl-secret-77@db/x")]).expect("loads");
+    assert_eq!(shown_url(&config), "postgres://app:***@db/x");
+    assert_eq!(config.redact("postgres://app:dburl-secret-77@db/x"), "***");
+    assert_eq!(config.redact("password dburl-secret-77"), "password ***");
+
+    // A URL that does not parse is an error at its line that does not quote it.
+    let error = postgres("postgres://app:unparsed-pw@[::1/x", &[]).expect_err("a broken host");
+    assert_eq!((error.line, error.key.as_deref()), (Some(7), Some("checkpointer.url")), "{error}");
+    assert!(!error.to_string().contains("unparsed-pw"), "{error}");
+    let error = postgres("host=db password='unterminated", &[]).expect_err("an unterminated quote");
+    assert_eq!(error.key.as_deref(), Some("checkpointer.url"), "{error}");
+    assert!(!error.to_string().contains("unterminated") || !error.to_string().contains("password='"), "{error}");
+}
+
+#[test]
+fn a_literal_dollar_in_a_secret_is_hidden_and_never_quoted() {
+    let with_key = |key: &str| format!("{MINIMAL}api:\n  providers:\n    openai:\n      api_key: {key}\n");
+    let config = parse(&with_key("sk-abc$defSecretTail"), &[]).expect("loads");
+    assert_eq!(config.llm.provider("openai").api_key.as_ref().map(|key| key.expose()), Some("sk-abc$defSecretTail"));
+    assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+    assert!(
+        config.warnings[0]
+            .starts_with("api.providers.openai.api_key contains a `$` reference to a variable that is not set; it is kept as written"),
+        "{:?}",
+        config.warnings
+    );
+    let everything = format!("{} {config:?} {:?}", config.redacted(), config.warnings);
+    assert!(!everything.contains("SecretTail") && !everything.contains("sk-abc"), "{everything}");
+    assert_eq!(config.redact("key sk-abc$defSecretTail"), "key ***");
+
+    // `$$` is a literal `$`.
+    let config = parse(&with_key("sk-abc$$defSecretTail"), &[]).expect("loads");
+    assert_eq!(config.llm.provider("openai").api_key.as_ref().map(|key| key.expose()), Some("sk-abc$defSecretTail"));
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    assert_eq!(config.redact("key sk-abc$defSecretTail"), "key ***");
+
+    // A key that is not a secret still names the variable.
+    let config = parse("models:\n  orchestrator:\n    provider: openai\n    model_id: m-$UNSET_SUFFIX\n", &[]).expect("loads");
+    assert!(config.warnings.iter().any(|warning| warning.contains("$UNSET_SUFFIX")), "{:?}", config.warnings);
+}
+
+#[test]
+fn dotenv_values_follow_python_dotenv() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("config.yml"),
+        format!("{MINIMAL}api:\n  providers:\n    openai:\n      api_key: ${{PG_PASSWORD}}\n      base_url: ${{BASE:-http://127.0.0.1:9}}/${{SUFFIX}}\n"),
+    )
+    .expect("write");
+    // python-dotenv 1.2: PG_PASSWORD is `abc$defXYZ9`, SUFFIX is `q$HOME` (no bare `$VAR` expansion).
+    std::fs::write(dir.path().join(".env"), "PG_PASSWORD=abc$defXYZ9\nSUFFIX=\"q$HOME\"\n").expect("write");
+    let config = Config::load_with(&LoadOptions::default(), dir.path(), &env(&[("HOME", "/home/op")])).expect("loads");
+    let openai = config.llm.provider("openai");
+    assert_eq!(openai.api_key.as_ref().map(|key| key.expose()), Some("abc$defXYZ9"));
+    assert_eq!(openai.base_url.as_deref(), Some("http://127.0.0.1:9/q$HOME"));
+
+    std::fs::write(dir.path().join(".env"), "GOOD=1\n\nX=\"q\nY=2\n").expect("write");
+    let error = Config::load_with(&LoadOptions::default(), dir.path(), &env(&[])).expect_err("unterminated quote");
+    assert_eq!((error.file.clone(), error.line), (Some(dir.path().join(".env")), Some(3)), "{error}");
+}
+
+#[test]
+fn dotenv_is_read_from_the_working_directory_and_beside_the_file() {
+    let work = tempfile::tempdir().expect("temp dir");
+    let project = work.path().join("project");
+    std::fs::create_dir(&project).expect("mkdir");
+    std::fs::write(project.join("config.yml"), "models:\n  orchestrator:\n    provider: openai\n    model_id: ${MODEL}-${SIZE}-${TIER}\n")
+        .expect("write");
+    std::fs::write(work.path().join(".env"), "MODEL=from-cwd\nSIZE=cwd-size\nTIER=${SIZE}\n").expect("write");
+    std::fs::write(project.join(".env"), "MODEL=from-project\n").expect("write");
+    let options = LoadOptions { explicit: Some(PathBuf::from("project/config.yml")) };
+    let config = Config::load_with(&options, work.path(), &env(&[("SIZE", "process-size")])).expect("loads");
+    assert_eq!(config.llm.models["orchestrator"].model_id, "from-project-cwd-size-cwd-size", "the config's .env wins, then the cwd's");
+
+    // A config file in the working directory: its .env is read once (not expanded twice).
+    std::fs::write(work.path().join("config.yml"), "models:\n  orchestrator:\n    provider: openai\n    model_id: ${HOME}\n")
+        .expect("write");
+    std::fs::write(work.path().join(".env"), "HOME=${HOME}/x\n").expect("write");
+    let config = Config::load_with(&LoadOptions::default(), work.path(), &env(&[("HOME", "/home/op")])).expect("loads");
+    assert_eq!(config.llm.models["orchestrator"].model_id, "/home/op/x");
+}
+
+const MERGED: &str = "\
+defaults: &d
+  provider: openai
+  model_id: 3.10
+models:
+  orchestrator:
+    <<: *d
+    max_tokens: 100
+api:
+  providers:
+    openai:
+      api_key: 1234567890
+";
+
+#[test]
+fn merge_keys_keep_the_text_of_every_scalar() {
+    let config = parse(MERGED, &[]).expect("loads");
+    assert_eq!(config.llm.models["orchestrator"].model_id, "3.10", "not the number 3.1");
+    assert_eq!(config.llm.models["orchestrator"].max_tokens, Some(100));
+    assert_eq!(config.llm.provider("openai").api_key.as_ref().map(|key| key.expose()), Some("1234567890"));
+}
+
+#[test]
+fn an_all_digit_key_is_a_secret_in_a_file_with_merge_keys() {
+    let config = parse(MERGED, &[]).expect("loads");
+    assert_eq!(config.redact("key 1234567890"), "key ***");
+}
+
+#[test]
+fn merge_keys_in_flow_style_are_merged() {
+    let text = "defaults: &d {provider: openai, model_id: gpt-4o}\nmodels:\n  response: {<<: *d, model_id: 0.5e1, max_tokens: 7}\n";
+    let config = parse(text, &[]).expect("loads");
+    let response = &config.llm.models["response"];
+    assert_eq!((response.provider.as_str(), response.model_id.as_str(), response.max_tokens), ("openai", "0.5e1", Some(7)));
+}
+
+#[test]
+fn a_block_scalar_line_starting_with_two_angle_brackets_is_text() {
+    let text = "models:\n  orchestrator:\n    provider: openai\n    model_id: 3.10\nnotes: |\n  <<SYS>> a prompt format\n";
+    assert_eq!(parse(text, &[]).expect("loads").llm.models["orchestrator"].model_id, "3.10");
+}
+
+#[test]
+fn config_validate_refuses_what_run_refuses() {
+    let provider = |base_url: &str| format!("{MINIMAL}api:\n  providers:\n    openai:\n      base_url: {base_url}\n");
+    let error = parse_err(&provider("localhost:8080/v1"), &[]);
+    assert_eq!((error.line, error.key.as_deref()), (Some(8), Some("api.providers.openai.base_url")), "{error}");
+    assert!(error.message.contains("http://"), "{error}");
+    parse(&provider("http://localhost:8080/v1"), &[]).expect("a URL with a scheme");
+    let unused = "models:\n  orchestrator: {provider: openai, model_id: m}\napi:\n  providers:\n    vllm:\n      base_url: nowhere\n";
+    parse(unused, &[]).expect("a provider no model uses is not built, so not checked");
+}
+
+#[test]
+fn config_validate_refuses_log_levels_tracing_refuses() {
+    let logging = |level: &str| format!("{MINIMAL}logging:\n  level: {level}\n");
+    for level in ["peregrine=loud", "verbose", "debug,chatty"] {
+        let error = parse_err(&logging(level), &[]);
+        assert_eq!((error.line, error.key.as_deref()), (Some(6), Some("logging.level")), "{level}: {error}");
+        assert!(error.message.contains("trace, debug, info, warn, error"), "{level}: {error}");
+    }
+    for level in ["info", "WARN", "peregrine=debug,warn", "off", "peregrine_llm=trace"] {
+        parse(&logging(level), &[]).unwrap_or_else(|error| panic!("{level}: {error}"));
+    }
+}
+
+#[test]
+fn config_validate_refuses_a_log_file_in_a_missing_directory() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let text = format!("{MINIMAL}logging:\n  file: missing-dir/peregrine.log\n");
+    let error = Config::from_text(&text, &dir.path().join("config.yml"), &env(&[])).expect_err("no such directory");
+    assert_eq!((error.line, error.key.as_deref()), (Some(6), Some("logging.file")), "{error}");
+    assert!(error.message.contains("missing-dir"), "{error}");
+    std::fs::create_dir(dir.path().join("missing-dir")).expect("mkdir");
+    Config::from_text(&text, &dir.path().join("config.yml"), &env(&[])).expect("the directory exists now");
+}
+
+#[test]
+fn an_unset_variable_in_a_typed_value_says_what_to_do() {
+    let error = parse_err("models:\n  orchestrator:\n    provider: openai\n    model_id: m\n    max_tokens: ${NOPE}\n", &[]);
+    assert_eq!((error.line, error.key.as_deref()), (Some(5), Some("models.orchestrator.max_tokens")), "{error}");
+    assert!(
+        error.message.starts_with("`${NOPE}` is not set (so max_tokens got the text `${NOPE}`): set it in the environment or .env"),
+        "{error}"
+    );
+    assert!(error.message.contains("`${NOPE:-4096}`"), "{error}");
+
+    let nested = "models:\n  orchestrator:\n    provider: openai\n    model_id: ${MODEL:-${FALLBACK_MODEL:-gpt-4o}}\n";
+    assert_eq!(parse(nested, &[]).expect("loads").llm.models["orchestrator"].model_id, "gpt-4o");
+    assert_eq!(parse(nested, &[("FALLBACK_MODEL", "mini")]).expect("loads").llm.models["orchestrator"].model_id, "mini");
+    assert_eq!(parse(nested, &[("MODEL", "big"), ("FALLBACK_MODEL", "mini")]).expect("loads").llm.models["orchestrator"].model_id, "big");
+
+    let config = parse("models:\n  orchestrator:\n    provider: openai\n    model_id: ${MODEL\n", &[]).expect("loads");
+    assert!(
+        config.warnings.iter().any(|warning| warning.contains("models.orchestrator.model_id") && warning.contains("unterminated")),
+        "{:?}",
+        config.warnings
+    );
+}
+
+#[test]
+fn short_secrets_do_not_garble_messages() {
+    let config = postgres("postgres://app:a@localhost/x", &[]).expect("loads");
+    assert_eq!(shown_url(&config), "postgres://app:***@localhost/x");
+    assert_eq!(config.redact("local data"), "local data");
+    assert_eq!(config.redacted()["source"], "/srv/agent/config.yml");
+    let config = parse(&format!("{MINIMAL}api:\n  providers:\n    openai:\n      api_key: x1\n"), &[]).expect("loads");
+    assert_eq!(config.redacted()["api"]["providers"]["openai"]["api_key"], "***");
+    assert_eq!(config.redact("x1 and x10"), "x1 and x10");
+}
+
+#[test]
+fn tz_naming_a_zone_file_is_resolved_through_its_link() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let link = dir.path().join("localtime");
+    std::os::unix::fs::symlink("/usr/share/zoneinfo/Europe/Paris", &link).expect("symlink");
+    let text = "system:\n  timezone: ${TZ:-America/Los_Angeles}\n";
+    let config = parse(text, &[("TZ", &format!(":{}", link.display()))]).expect("loads");
+    assert_eq!(config.settings.timezone, chrono_tz::Europe::Paris);
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+
+    let plain = dir.path().join("plain");
+    std::fs::write(&plain, "TZif").expect("write");
+    let config = parse(text, &[("TZ", &format!(":{}", plain.display()))]).expect("a zone file that is not a link");
+    assert_eq!(config.settings.timezone, chrono_tz::UTC);
+    assert!(config.warnings.iter().any(|warning| warning.contains("TZ") && warning.contains("UTC")), "{:?}", config.warnings);
+}
+
+#[test]
+fn a_file_without_models_gets_the_embedded_profile() {
+    let config = parse("approval:\n  global_mode: disabled\n", &[]).expect("loads");
+    assert!(config.uses_embedded_model());
+    assert!(config.settings.agent_control.task_extraction_bypass_enabled);
+    assert!(!config.capabilities.includes("memory") && !config.capabilities.includes("time_range_parsing"));
+
+    let explicit = "execution_control:\n  agent_control:\n    task_extraction_bypass_enabled: false\ncapabilities:\n  exclude: [memory]\n";
+    let config = parse(explicit, &[]).expect("loads");
+    assert!(config.uses_embedded_model());
+    assert!(!config.settings.agent_control.task_extraction_bypass_enabled, "set explicitly");
+    assert_eq!(config.capabilities.exclude, ["memory"], "the file's section");
+
+    let config = parse(MINIMAL, &[]).expect("loads");
+    assert!(!config.uses_embedded_model());
+    assert!(!config.settings.agent_control.task_extraction_bypass_enabled && config.capabilities.exclude.is_empty());
+    assert!(Config::embedded_with(Path::new("/w"), &env(&[])).uses_embedded_model());
+}
+
+#[test]
+fn yaml_1_1_booleans_are_read_as_pyyaml_reads_them() {
+    let text = "execution_control:\n  agent_control:\n    planning_mode_enabled: yes\n    capability_selection_bypass_enabled: On\ndevelopment:\n  raise_raw_errors: no\n  api_calls:\n    save_all: off\n";
+    let config = parse(&format!("{MINIMAL}{text}"), &[]).expect("loads");
+    assert!(config.settings.agent_control.planning_mode_enabled && config.settings.agent_control.capability_selection_bypass_enabled);
+    assert!(!config.development.raise_raw_errors && !config.development.save_api_calls);
+}
+
+#[test]
+fn a_byte_order_mark_does_not_move_lines_or_hide_the_first_key() {
+    let error = parse_err("\u{feff}models:\n  orchestrator:\n    provider: nowhere\n    model_id: m\n", &[]);
+    assert_eq!((error.line, error.column), (Some(3), Some(5)), "{error}");
+}
+
+#[test]
+fn a_missing_key_points_at_the_mapping_that_lacks_it() {
+    let error = parse_err("models:\n  orchestrator:\n    provider: openai\n\napi: {}\n", &[]);
+    assert_eq!((error.line, error.key.as_deref()), (Some(2), Some("models.orchestrator")), "{error}");
+    assert!(error.message.contains("missing key `model_id`"), "{error}");
+}
+
+#[test]
+fn debug_shows_every_section() {
+    let config = parse("capabilities:\n  exclude: [memory]\n", &[]).expect("loads");
+    assert!(format!("{config:?}").contains("capabilities: CapabilitiesConfig"), "{config:?}");
 }

@@ -1,18 +1,23 @@
 //! The `hello-world-weather` binary end to end — the command line an application gets from
 //! `peregrine::main` — in a temp project against the scripted LLM server: `run` in text and
-//! `--json` modes, a planning-mode approval answered by a second `run`, a run killed mid-turn
-//! and finished with `--resume`, `threads list|show|history|delete`, broken configuration files
-//! and the secret that never shows.
+//! `--json` modes (pure JSON lines, a result object on every path), a planning-mode approval
+//! answered by a second `run` (its hint pasted verbatim), a run killed or interrupted with
+//! SIGINT mid-turn and finished with `--resume`, a streamed answer cut off and retried, a
+//! closed stdout, messages that cannot be answers, `threads list|show|history|delete`, exit
+//! codes, broken configuration files and the secret that never shows.
 
 #![allow(clippy::expect_used, reason = "test helpers report failures by panicking")]
 
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use peregrine_testkit::agent_fixture::{EXTRACTED_TASK, LlmCall, call_counts, weather_script, with_weather_replies};
+use peregrine_testkit::agent_fixture::{
+    EXECUTION_PLAN, EXTRACTED_TASK, LlmCall, call_counts, weather_plan, weather_script, with_weather_replies,
+};
 use peregrine_testkit::llm_server::{Fault, Reply, Script, ScriptedLlmServer};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hello-world-weather");
 const API_KEY: &str = "sk-cli-test-7d1e9f";
@@ -43,8 +48,23 @@ impl Project {
 
     fn command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(BIN);
+        command.args(args);
+        self.environment(&mut command);
         command
-            .args(args)
+    }
+
+    /// `script` run by `sh` in the project, with the binary's directory first on `PATH`.
+    fn shell(&self, script: &str) -> Command {
+        let mut command = Command::new("sh");
+        command.arg("-c").arg(script);
+        self.environment(&mut command);
+        command.env("PATH", path_with_the_binary());
+        command
+    }
+
+    /// The project's directory and a clean environment; stdin empty, stdout and stderr piped.
+    fn environment(&self, command: &mut Command) {
+        command
             .current_dir(self.path())
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -54,7 +74,6 @@ impl Project {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        command
     }
 
     /// Runs the binary to completion off the async runtime (the scripted server lives on it).
@@ -66,6 +85,38 @@ impl Project {
     fn pending_plan(&self, thread: &str) -> PathBuf {
         self.path().join("_agent_data/execution_plans/pending_plans").join(thread).join("pending_execution_plan.json")
     }
+
+    /// The status `threads show --json` reports for `thread`.
+    async fn thread_status(&self, thread: &str) -> String {
+        let shown = self.run(&["threads", "show", "--json", thread]).await;
+        assert_success(&shown);
+        let value: Value = serde_json::from_str(&stdout(&shown)).expect("JSON thread");
+        value["status"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+/// Polls the server's request log until `call` was requested `count` times (not a sleep as
+/// synchronisation: the condition is checked).
+async fn wait_for_call(server: &ScriptedLlmServer, call: LlmCall, count: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while server.chat_requests().iter().filter(|request| LlmCall::of(request) == call).count() < count {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{call:?} was never called {count} times: {:?}",
+            call_counts(&server.chat_requests())
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits for a spawned child off the async runtime.
+async fn wait_child(child: std::process::Child) -> Output {
+    tokio::task::spawn_blocking(move || child.wait_with_output().expect("the child ends")).await.expect("joined")
+}
+
+/// Respond's request only (the error node's analysis is plain too).
+fn is_respond(request: &peregrine_testkit::llm_server::RecordedRequest) -> bool {
+    LlmCall::of(request) == LlmCall::Respond
 }
 
 fn stdout(output: &Output) -> String {
@@ -141,7 +192,55 @@ async fn run_json_prints_one_object_per_event_and_a_final_result() {
     assert_eq!(result["thread_id"], "j");
     assert_eq!(result["response"].as_str(), Some(tokens.trim()), "the result carries the whole answer");
     assert!(result["interrupt"].is_null());
-    assert!(!stdout(&output).contains("\x1b["), "no colours when piped");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_output_has_no_colours_when_piped() {
+    let server = ScriptedLlmServer::start(weather_script()).await;
+    let project = Project::new(&server.base_url());
+    // `-v` so that stderr carries progress lines too; `--color auto` decides by the pipes.
+    let output = project.run(&["--color", "auto", "-v", "run", "--thread", "c", "/planning What's the weather in Prague?"]).await;
+    assert_success(&output);
+    assert!(stderr(&output).contains("approval needed:"), "styled parts are printed: {}", stderr(&output));
+    assert!(
+        !stdout(&output).contains('\x1b') && !stderr(&output).contains('\x1b'),
+        "no escape codes: {}{}",
+        stdout(&output),
+        stderr(&output)
+    );
+    let always = project.run(&["--color", "always", "run", "--thread", "c", "yes"]).await;
+    assert_success(&always);
+    assert!(stderr(&always).contains("\x1b["), "the check can fail: --color always colours stderr: {}", stderr(&always));
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_stdout_is_only_json_lines_even_verbose_and_on_errors() {
+    let server = ScriptedLlmServer::start(weather_script()).await;
+    let project = Project::new(&server.base_url());
+    let output = project.run(&["run", "--json", "-v", "--thread", "v", "What's the weather in Prague?"]).await;
+    assert_success(&output);
+    assert_eq!(result_of(&json_lines(&output))["status"], "completed");
+    assert!(!stderr(&output).is_empty(), "verbose diagnostics go to stderr");
+
+    // Usage errors of run itself, of the gateway, and configuration errors: exit 2 and still a result.
+    assert_success(&project.run(&["run", "--json", "--thread", "w", "/planning What's the weather in Prague?"]).await);
+    let cases: [(&[&str], &str); 5] = [
+        (&["run", "--json", "-v", "   "], "empty"),
+        (&["run", "--json", "-v", "--thread", "", "hello"], "thread id"),
+        (&["run", "--json", "-v", "/resume"], "--resume"),
+        (&["run", "--json", "-v", "--thread", "w", "/planning What about Oslo?"], "approval is pending"),
+        (&["run", "--json", "-v", "--thread", "nothing-here", "--resume"], "no thread 'nothing-here'"),
+    ];
+    for (args, says) in cases {
+        let output = project.run(args).await;
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {}", stderr(&output));
+        let result = result_of(&json_lines(&output)).clone();
+        assert_eq!(result["status"], "error", "{args:?}: {result}");
+        assert!(result["error"].as_str().is_some_and(|error| error.contains(says)), "{args:?} says {says:?}: {result}");
+        assert!(stderr(&output).contains(says), "{args:?}: the error is on stderr too: {}", stderr(&output));
+    }
     server.shutdown().await;
 }
 
@@ -278,7 +377,16 @@ async fn threads_list_show_history_and_delete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_model_is_an_error_result_not_an_exit_code() {
-    let script = with_weather_replies(Script::new().on_schema(EXTRACTED_TASK, Reply::fault(Fault::Status(401))));
+    // The provider quotes the refused key in its error body, as OpenAI does.
+    let refuse = Reply::from_fn(|request| {
+        Reply::fault(Fault::Http {
+            status: 401,
+            error_type: "invalid_request_error".into(),
+            code: Some("invalid_api_key".into()),
+            message: format!("Incorrect API key provided: {}", request.authorization.clone().unwrap_or_default()),
+        })
+    });
+    let script = with_weather_replies(Script::new().on_schema(EXTRACTED_TASK, refuse));
     let server = ScriptedLlmServer::start(script).await;
     let project = Project::new(&server.base_url());
     let output = project.run(&["run", "--json", "What's the weather in Prague?"]).await;
@@ -286,17 +394,24 @@ async fn a_failing_model_is_an_error_result_not_an_exit_code() {
     let result = result_of(&json_lines(&output)).clone();
     assert_eq!(result["status"], "error", "{result}");
     assert!(result["response"].as_str().is_some_and(|report| report.contains("ERROR REPORT")), "{result}");
+    let verbose = project.run(&["run", "-v", "--thread", "v", "What's the weather in Prague?"]).await;
+    assert_success(&verbose);
+    for output in [&output, &verbose] {
+        let all = stdout(output) + &stderr(output);
+        assert!(!all.contains(API_KEY), "the echoed key never shows: {all}");
+        assert!(all.contains("Incorrect API key provided: ***"), "the scrubbed message shows: {all}");
+    }
     server.shutdown().await;
 }
 
-/// Writes `text` as config.yml and runs `config validate`.
-async fn validate(text: &str) -> (Output, PathBuf) {
+/// Writes `text` as config.yml and runs `config validate`; the project lives as long as the
+/// returned directory.
+async fn validate(text: &str) -> (Output, PathBuf, tempfile::TempDir) {
     let project = Project::new("http://127.0.0.1:9/v1");
     std::fs::write(project.path().join("config.yml"), text).expect("written");
     let output = project.run(&["config", "validate"]).await;
     let path = project.path().join("config.yml");
-    std::mem::forget(project.dir);
-    (output, path)
+    (output, path, project.dir)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -312,7 +427,7 @@ async fn broken_configs_name_the_line_and_the_key() {
         ("models:\n  classifier:\n    provider: nowhere-ai\n    model_id: x\n", 3, Some("models.classifier.provider"), "unknown provider"),
     ];
     for (text, line, key, what) in cases {
-        let (output, path) = validate(text).await;
+        let (output, path, _dir) = validate(text).await;
         let message = stderr(&output);
         assert_eq!(output.status.code(), Some(2), "{what}: {message}");
         assert!(message.contains(&format!("{}:{line}", path.display())), "{what}: names the file and line {line}: {message}");
@@ -338,4 +453,265 @@ async fn an_osprey_project_config_is_accepted() {
     assert!(!shown_text.contains("cborg-secret-5521") && !shown_text.contains("sk-openai-secret-9918"), "{shown_text}");
     let document: Value = serde_json::from_str(&shown_text).expect("JSON");
     assert!(document.to_string().contains("cborg"), "the providers are shown: {document}");
+}
+
+/// The directory of the binary, first on `PATH`, so that a hint naming the program runs as is.
+fn path_with_the_binary() -> std::ffi::OsString {
+    let dir = Path::new(BIN).parent().expect("the binary's directory").to_path_buf();
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&rest))).expect("PATH")
+}
+
+/// The first command quoted in backticks in `text`.
+fn quoted_command(text: &str) -> String {
+    let start = text.find('`').expect("a quoted command") + 1;
+    let end = start + text[start..].find('`').expect("the closing backtick");
+    text[start..end].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_approval_hint_pasted_verbatim_answers_the_approval() {
+    let server = ScriptedLlmServer::start(weather_script()).await;
+    let project = Project::new(&server.base_url());
+    // A thread id a shell would split or expand.
+    let thread = "it's my $thread";
+    let asked = project.run(&["run", "--thread", thread, "/planning What's the weather in Prague?"]).await;
+    assert_success(&asked);
+    let hint = stderr(&asked).lines().find(|line| line.contains("approval needed:")).map(str::to_owned).expect("the hint");
+    let command = quoted_command(&hint);
+    assert!(command.starts_with("hello-world-weather run --thread "), "the hint names the program: {command}");
+    let mut shell = project.shell(&command);
+    let answered = tokio::task::spawn_blocking(move || shell.output().expect("sh runs")).await.expect("joined");
+    assert_success(&answered);
+    assert!(stdout(&answered).contains("Weather in Prague"), "the pasted command answered the approval: {}", stdout(&answered));
+    assert_eq!(project.thread_status(thread).await, "idle");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_cancels_a_run_with_130_and_a_cancelled_result_and_resume_finishes_it() {
+    let script = with_weather_replies(Script::new().on_request(is_respond, Reply::fault(Fault::Timeout)));
+    let server = ScriptedLlmServer::start(script).await;
+    let project = Project::new(&server.base_url());
+    let child = project.command(&["run", "--json", "--thread", "s", "What's the weather in Prague?"]).spawn().expect("spawned");
+    wait_for_call(&server, LlmCall::Respond, 1).await;
+    let killed = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill runs");
+    assert!(killed.success());
+    let output = wait_child(child).await;
+    assert_eq!(output.status.code(), Some(130), "{}", stderr(&output));
+    let result = result_of(&json_lines(&output)).clone();
+    assert_eq!(result["status"], "cancelled", "{result}");
+    assert_eq!(project.thread_status("s").await, "unfinished");
+
+    server.shutdown().await;
+    let fast = ScriptedLlmServer::start(with_weather_replies(Script::new().on_plain(Reply::text("Resumed after Ctrl-C.")))).await;
+    let project = project.rebased(&fast.base_url());
+    let resumed = project.run(&["run", "--json", "--thread", "s", "--resume"]).await;
+    assert_success(&resumed);
+    let result = result_of(&json_lines(&resumed)).clone();
+    assert_eq!(result["status"], "completed", "{result}");
+    assert_eq!(result["response"], "Resumed after Ctrl-C.");
+    assert_eq!(call_counts(&fast.chat_requests()).get(&LlmCall::Respond), Some(&1), "only respond runs again");
+    fast.shutdown().await;
+}
+
+/// Respond streams two pieces and is cut off; `then` answers the calls after it.
+fn cut_answer_script(then: Reply) -> Script {
+    let cut = Reply::text("").with_chunks(vec!["PARTIAL-A ".into(), "PARTIAL-B ".into(), "never sent".into()]);
+    // The role chunk and the two pieces, then the connection breaks.
+    let cut = cut.with_fault(Fault::TruncatedStream { after_chunks: 3 });
+    with_weather_replies(Script::new().on_request(is_respond, Reply::sequence(vec![cut, then])))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_cut_off_and_retried_is_shown_once_whole() {
+    let server = ScriptedLlmServer::start(cut_answer_script(Reply::text("").with_chunks(vec!["Full ".into(), "answer.".into()]))).await;
+    let project = Project::new(&server.base_url());
+    let output = project.run(&["run", "--thread", "t", "What's the weather in Prague?"]).await;
+    assert_success(&output);
+    let text = stdout(&output);
+    assert_eq!(text.lines().last(), Some("Full answer."), "the retried answer on a line of its own, once: {text:?}");
+    assert_eq!(text.matches("Full answer.").count(), 1, "{text:?}");
+    assert!(!text.contains("PARTIAL-B Full"), "the cut-off text is not glued to the answer: {text:?}");
+    assert!(stderr(&output).contains("the answer was cut off; retrying"), "{}", stderr(&output));
+    let shown = project.run(&["threads", "show", "--json", "t"]).await;
+    let thread: Value = serde_json::from_str(&stdout(&shown)).expect("JSON");
+    let messages = thread["messages"].as_array().expect("messages");
+    assert_eq!(messages.last().map(|message| message["content"].clone()), Some(json!("Full answer.")), "the stored answer");
+
+    // JSON: the tokens before `stream_reset` are void.
+    let json_server =
+        ScriptedLlmServer::start(cut_answer_script(Reply::text("").with_chunks(vec!["Full ".into(), "answer.".into()]))).await;
+    let project = project.rebased(&json_server.base_url());
+    let output = project.run(&["run", "--json", "--thread", "tj", "What's the weather in Prague?"]).await;
+    assert_success(&output);
+    let events = json_lines(&output);
+    let reset = events.iter().rposition(|event| event["type"] == "stream_reset").expect("a stream_reset event");
+    let before: String =
+        events[..reset].iter().filter(|event| event["type"] == "token").filter_map(|event| event["content"].as_str()).collect();
+    let after: String =
+        events[reset..].iter().filter(|event| event["type"] == "token").filter_map(|event| event["content"].as_str()).collect();
+    assert_eq!((before.as_str(), after.as_str()), ("PARTIAL-A PARTIAL-B ", "Full answer."), "{events:?}");
+    assert_eq!(result_of(&events)["response"], "Full answer.");
+    server.shutdown().await;
+    json_server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_cut_off_every_time_ends_in_the_error_report() {
+    let cut = Reply::text("").with_chunks(vec!["PARTIAL-A ".into(), "PARTIAL-B ".into(), "never sent".into()]);
+    let server = ScriptedLlmServer::start(cut_answer_script(cut.with_fault(Fault::TruncatedStream { after_chunks: 3 }))).await;
+    let project = Project::new(&server.base_url());
+    let output = project.run(&["run", "--thread", "t", "What's the weather in Prague?"]).await;
+    assert_success(&output);
+    let text = stdout(&output);
+    assert!(text.contains("ERROR REPORT"), "the report is printed although tokens were streamed: {text}");
+    assert!(stderr(&output).contains("cut off"), "{}", stderr(&output));
+    assert!(call_counts(&server.chat_requests()).get(&LlmCall::Respond).is_some_and(|count| *count >= 2), "respond was retried");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_stops_the_output_not_the_turn() {
+    // A long answer, streamed slowly enough that the reader is gone before it ends.
+    let pieces: Vec<String> = (0..200).map(|index| format!("word{index} ")).collect();
+    let slow = Reply::text("").with_chunks(pieces).with_token_latency(Duration::from_millis(3));
+    let server = ScriptedLlmServer::start(with_weather_replies(Script::new().on_request(is_respond, slow))).await;
+    let project = Project::new(&server.base_url());
+    let mut child = project.command(&["run", "--thread", "pipe", "What's the weather in Prague?"]).spawn().expect("spawned");
+    let mut reader = child.stdout.take().expect("stdout");
+    let read = tokio::task::spawn_blocking(move || {
+        let mut first = [0_u8; 20];
+        reader.read_exact(&mut first).expect("the first bytes of the answer");
+        // `reader` is dropped here: the pipe's read end closes, like `| head -c 20`.
+        first
+    })
+    .await
+    .expect("joined");
+    assert!(String::from_utf8_lossy(&read).starts_with("word0 "), "{read:?}");
+    let output = wait_child(child).await;
+    assert!(!stderr(&output).contains("panicked"), "{}", stderr(&output));
+    assert_eq!(output.status.code(), Some(0), "exits quietly: {}", stderr(&output));
+    assert_eq!(project.thread_status("pipe").await, "idle", "the turn finished");
+
+    // `threads list | head -0`: the reader is gone before anything is written.
+    let mut child = project.command(&["threads", "list"]).spawn().expect("spawned");
+    drop(child.stdout.take());
+    let output = wait_child(child).await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(!stderr(&output).contains("panicked"), "{}", stderr(&output));
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_that_cannot_be_answers_are_refused_or_reported() {
+    let script = Script::new().on_schema("ApprovalResponse", Reply::json(json!({"approved": false})));
+    let server = ScriptedLlmServer::start(with_weather_replies(script)).await;
+    let project = Project::new(&server.base_url());
+    assert_success(&project.run(&["run", "--thread", "w", "/planning What's the weather in Prague?"]).await);
+    let calls = server.chat_requests().len();
+    for empty in ["", "  \n "] {
+        let output = project.run(&["run", "--thread", "w", empty]).await;
+        assert_eq!(output.status.code(), Some(2), "{empty:?}: {}", stderr(&output));
+        assert!(stderr(&output).contains("the message is empty"), "{}", stderr(&output));
+    }
+    assert_eq!(server.chat_requests().len(), calls, "nothing was sent");
+    assert_eq!(project.thread_status("w").await, "interrupted", "still waiting for its answer");
+
+    // An unrelated question is taken as the answer: the person is told so.
+    let output = project.run(&["run", "--thread", "w", "What is the capital of France?"]).await;
+    assert_success(&output);
+    assert!(stderr(&output).contains("your message was taken as the answer to the pending approval: rejected"), "{}", stderr(&output));
+    assert_eq!(project.thread_status("w").await, "interrupted", "the plan was made again and is asked for");
+
+    // JSON: an `approval_answer` object right before the result, for a rejection and an approval.
+    for (thread, answer, approved, status) in [("wj", "no idea what you mean", false, "interrupted"), ("wy", "yes", true, "completed")] {
+        assert_success(&project.run(&["run", "--thread", thread, "/planning What's the weather in Prague?"]).await);
+        let output = project.run(&["run", "--json", "--thread", thread, answer]).await;
+        assert_success(&output);
+        let events = json_lines(&output);
+        let position = events.iter().position(|event| event["type"] == "approval_answer").expect("an approval_answer event");
+        assert_eq!(events[position]["approved"], approved, "{answer}");
+        assert_eq!(position, events.len() - 2, "right before the result");
+        assert_eq!(result_of(&events)["status"], status, "{answer}");
+    }
+    // Not on a thread that waited for nothing.
+    let output = project.run(&["run", "--json", "--thread", "wy", "What's the weather in Prague?"]).await;
+    assert!(!json_lines(&output).iter().any(|event| event["type"] == "approval_answer"));
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_whose_step_was_cut_off_must_be_finished_first() {
+    // The plan is asked for, rejected, and the re-planning call hangs: the process is killed with
+    // the answer recorded but the orchestrator not yet run again.
+    let plans = Reply::sequence(vec![Reply::json(weather_plan("Prague", "prague_weather")), Reply::fault(Fault::Timeout)]);
+    let server = ScriptedLlmServer::start(with_weather_replies(Script::new().on_schema(EXECUTION_PLAN, plans))).await;
+    let project = Project::new(&server.base_url());
+    assert_success(&project.run(&["run", "--thread", "a b", "/planning What's the weather in Prague?"]).await);
+    let mut child = project.command(&["run", "--thread", "a b", "no"]).spawn().expect("spawned");
+    wait_for_call(&server, LlmCall::Orchestrator, 2).await;
+    child.kill().expect("killed");
+    let _ = child.wait();
+    assert_eq!(project.thread_status("a b").await, "unfinished");
+
+    let refused = project.run(&["run", "--thread", "a b", "What's the weather in Oslo?"]).await;
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    let message = stderr(&refused);
+    assert!(message.contains("thread 'a b' has a turn to finish first: `hello-world-weather run --thread 'a b' --resume`"), "{message}");
+    assert!(!message.contains("starts a new turn") && !message.contains("continue_run"), "{message}");
+
+    server.shutdown().await;
+    let fast = ScriptedLlmServer::start(weather_script()).await;
+    let project = project.rebased(&fast.base_url());
+    let resumed = project.run(&["run", "--json", "--thread", "a b", "--resume"]).await;
+    assert_success(&resumed);
+    assert_eq!(result_of(&json_lines(&resumed))["status"], "interrupted", "the re-made plan is asked for again");
+    fast.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_thread_removes_its_pending_plan() {
+    let server = ScriptedLlmServer::start(weather_script()).await;
+    let project = Project::new(&server.base_url());
+    assert_success(&project.run(&["run", "--thread", "p", "/planning What's the weather in Prague?"]).await);
+    let plan = project.pending_plan("p");
+    assert!(plan.exists());
+    let deleted = project.run(&["threads", "delete", "p"]).await;
+    assert_success(&deleted);
+    assert!(!plan.parent().expect("the thread's plan folder").exists(), "the pending plan folder is gone");
+    // A new thread of the same name starts clean and asks again.
+    let again = project.run(&["run", "--json", "--thread", "p", "/planning What's the weather in Prague?"]).await;
+    assert_eq!(result_of(&json_lines(&again))["status"], "interrupted");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_tell_usage_from_store_failures() {
+    let server = ScriptedLlmServer::start(weather_script()).await;
+    let project = Project::new(&server.base_url());
+    // A file where the checkpoint directory should be.
+    std::fs::write(project.path().join("state"), "not a directory").expect("written");
+    for args in [&["run", "hello"][..], &["run", "--json", "hello"], &["threads", "list"], &["chat", "--thread", "x"]] {
+        let output = project.run(args).await;
+        assert_eq!(output.status.code(), Some(1), "{args:?}: a store failure is 1: {}", stderr(&output));
+        assert!(stderr(&output).contains("checkpoint"), "{args:?}: {}", stderr(&output));
+    }
+    let output = project.run(&["run", "--json", "hello"]).await;
+    assert_eq!(result_of(&json_lines(&output))["status"], "error");
+    std::fs::remove_file(project.path().join("state")).expect("removed");
+
+    let usage: [&[&str]; 6] = [
+        &["run", "--thread", "", "hello"],
+        &["run", "--thread", "a\u{1b}[31mb", "hello"],
+        &["threads", "show", ""],
+        &["threads", "history", "h", "--limit", "0"],
+        &["chat", "--thread", ""],
+        &["chat", "-t", "\n"],
+    ];
+    for args in usage {
+        let output = project.run(args).await;
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {}", stderr(&output));
+    }
+    server.shutdown().await;
 }

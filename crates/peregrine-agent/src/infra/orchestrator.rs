@@ -160,11 +160,14 @@ impl Orchestrator {
             ));
         }
         // Nothing to plan: with no capability beyond respond and clarify (a conversational
-        // turn), the plan is the one respond step — no model call. Upstream asks the model,
-        // which can only pick respond or clarify; respond sees the history and can ask back.
-        // Re-planning after an error or a rejection, and planning mode, still ask the model.
+        // turn) and no stored context respond could be given, the plan is the one respond step
+        // — no model call. Upstream asks the model, which can only pick respond or clarify;
+        // respond sees the history and can ask back. Re-planning after an error or a
+        // rejection, planning mode, and a thread holding context from earlier turns (the model
+        // decides what to reuse) still ask the model.
         let terminal_only = active.iter().all(|spec| spec.name == RESPOND || spec.name == CLARIFY);
         if terminal_only
+            && state.capability_context_data.is_empty()
             && self.catalog.contains(RESPOND)
             && rejection.is_none()
             && state.control.error_info.is_none()

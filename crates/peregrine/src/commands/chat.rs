@@ -4,7 +4,7 @@
 //! cancels a running turn while keeping its finished steps (`/resume` finishes it). With stdin
 //! piped, it reads one message per line without line editing and exits at the end of input.
 
-use std::io::{BufRead as _, Write as _};
+use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
 
 use peregrine_agent::commands::{BUILTINS, canonical_name, parse_input};
@@ -22,17 +22,21 @@ use rustyline::{Context, Editor, Helper};
 use tokio::sync::oneshot;
 
 use crate::app::Application;
-use crate::commands::run::cli_session;
+use crate::cli::Failure;
+use crate::commands::run::{approval_note, cli_session};
 use crate::config::Config;
 use crate::output::{Output, Style};
 use crate::runtime::{self, ThreadStatus};
-use crate::turn::{Driven, TextView, TurnRequest, drive};
+use crate::turn::{
+    Driven, TextView, TurnRequest, drive, parse_thread_id, print_out, println_out, recorded_answer, text_to_print, thread_flag,
+    write_stderr,
+};
 
 /// `chat` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChatArgs {
     /// The conversation thread to open or continue (default: a new one).
-    #[arg(long)]
+    #[arg(long, short = 't', value_parser = parse_thread_id)]
     pub thread: Option<String>,
     /// The user id (memory is per user; default: $USER).
     #[arg(long)]
@@ -48,11 +52,14 @@ const RECAP_CHARS: usize = 600;
 /// What `/help` adds about the chat itself.
 const CHAT_KEYS: &str = "Chat: /resume finishes a turn cut off by Ctrl-C · Ctrl-C cancels a running turn (at the prompt: clears the line) · Ctrl-D or /exit leaves · ↑/↓ browse the history";
 
-/// Runs the conversation until `/exit` or Ctrl-D.
-pub async fn run(args: &ChatArgs, config: &Config, app: &dyn Application, out: &Output) -> anyhow::Result<()> {
-    let agent = runtime::agent(config, app).await?;
+/// Runs the conversation until `/exit` or Ctrl-D. A store that cannot be opened fails with 1, a
+/// configuration the agent cannot be built from with 2.
+pub async fn run(args: &ChatArgs, config: &Config, app: &dyn Application, out: &Output) -> Result<(), Failure> {
+    let store = runtime::open_store(config).await.map_err(Failure::from)?;
+    let agent = runtime::agent_on(config, app, store).map_err(|error| Failure::usage(format!("{error:#}")))?;
     let thread = args.thread.clone().unwrap_or_else(new_thread_id);
-    let mut chat = Chat { agent, config, out: *out, thread, session: cli_session(args.user.as_deref()) };
+    let bin = app.name().to_owned();
+    let mut chat = Chat { agent, config, out: *out, thread, session: cli_session(args.user.as_deref()), bin };
     chat.header(app);
     let mut input = if out.interactive { LineReader::terminal(history_path(config, out), out.color_stdout) } else { LineReader::piped() };
     if chat.reopen(&mut input).await? == Flow::Exit {
@@ -105,6 +112,8 @@ struct Chat<'a> {
     out: Output,
     thread: String,
     session: Session,
+    /// The program's name, for hints.
+    bin: String,
 }
 
 impl Chat<'_> {
@@ -135,7 +144,7 @@ impl Chat<'_> {
             ThreadStatus::Idle => {}
             ThreadStatus::Interrupted => {
                 if let Some(prompt) = snapshot.meta.interrupt.as_ref().and_then(|interrupt| interrupt.payload.get("user_message")) {
-                    println!("{}", prompt.as_str().unwrap_or_default().trim_end());
+                    println_out(prompt.as_str().unwrap_or_default().trim_end());
                 }
                 self.approval_hint();
             }
@@ -158,10 +167,17 @@ impl Chat<'_> {
 
     async fn offer_to_finish(&mut self, snapshot: &StateSnapshot<AgentState>, input: &mut LineReader) -> anyhow::Result<Flow> {
         let at = snapshot.next.as_deref().unwrap_or("its next step");
-        self.out.warn(&format!("the last turn on this thread was cut off before {at}"));
+        // An answered approval whose node has not run: a new turn is refused until it has.
+        let answered = snapshot.meta.resume.is_some();
+        if answered {
+            self.out.warn(&format!("the last turn on this thread was cut off after its approval was answered, before {at} ran"));
+        } else {
+            self.out.warn(&format!("the last turn on this thread was cut off before {at}"));
+        }
+        let otherwise = if answered { "it must be finished before a new turn" } else { "a new message starts a new turn" };
         if !input.is_terminal() {
             // Piped lines are messages, not answers to our questions.
-            self.out.note("/resume finishes it; a new message starts a new turn");
+            self.out.note(&format!("/resume finishes it; {otherwise}"));
             return Ok(Flow::Continue);
         }
         match input.read(Ask::YesNo("finish it now? [Y/n] ")).await? {
@@ -170,7 +186,7 @@ impl Chat<'_> {
                 Ok(self.turn(TurnRequest::Continue, "").await)
             }
             Line::Text(_) | Line::Interrupted => {
-                self.out.note("kept as it is: /resume finishes it; a new message starts a new turn");
+                self.out.note(&format!("kept as it is: /resume finishes it; {otherwise}"));
                 Ok(Flow::Continue)
             }
         }
@@ -182,7 +198,12 @@ impl Chat<'_> {
         if text.is_empty() {
             return Flow::Continue;
         }
-        if text.eq_ignore_ascii_case("/resume") {
+        let mut words = text.split_whitespace();
+        if words.next().is_some_and(|first| first.eq_ignore_ascii_case("/resume")) {
+            if words.next().is_some() {
+                self.out.note("/resume takes nothing after it: it finishes the turn that was cut off; send your message on its own line");
+                return Flow::Continue;
+            }
             return self.resume().await;
         }
         self.turn(TurnRequest::Send(text), text).await
@@ -211,14 +232,31 @@ impl Chat<'_> {
     async fn turn(&mut self, request: TurnRequest<'_>, text: &str) -> Flow {
         // Piped input gets plain output: no live status line even when stderr is a terminal.
         let view_out = if self.out.interactive { self.out } else { Output { stderr_tty: false, ..self.out } };
-        let mut view = TextView::new(view_out);
+        let hint = format!("`{} chat {}` offers to finish the turn", self.bin, thread_flag(&self.thread));
+        let mut view = TextView::new(view_out, hint);
+        // The question this message may answer.
+        let pending = match request {
+            TurnRequest::Send(_) => {
+                self.agent.graph().get_state(&self.thread).await.ok().flatten().and_then(|snapshot| snapshot.meta.interrupt)
+            }
+            TurnRequest::Continue => None,
+        };
         let driven = drive(&self.agent, &self.thread, request, &self.session, &mut view).await;
+        if let (Some(interrupt), Ok(_)) = (&pending, &driven.result)
+            && let Some(approved) = recorded_answer(&self.agent, &self.thread, &interrupt.id).await
+        {
+            self.out.note(&approval_note(approved));
+        }
         self.show(driven, text).await
     }
 
     async fn show(&mut self, driven: Driven, text: &str) -> Flow {
         let result = match driven.result {
             Ok(result) => result,
+            Err(peregrine_agent::AgentError::Run(peregrine_graph::RunError::PendingResume { .. })) => {
+                self.out.note("this thread has a turn to finish first: /resume finishes it");
+                return Flow::Continue;
+            }
             Err(error) => {
                 // The thread keeps its last checkpoint; the conversation goes on.
                 self.out.error(&self.config.redact(&error.to_string()));
@@ -227,34 +265,32 @@ impl Chat<'_> {
         };
         match result.status {
             TurnStatus::Exit => return Flow::Exit,
-            TurnStatus::Cancelled => eprintln!(
-                "{}",
+            TurnStatus::Cancelled => write_stderr(&format!(
+                "{}\n",
                 Style::Warning.paint(
                     "cancelled — the finished steps are kept; /resume finishes the turn, a new message starts another",
                     self.out.color_stderr
                 )
-            ),
+            )),
             TurnStatus::InterfaceCommand => {
                 if let Some(command) = &result.command {
                     self.interface(command, &result).await;
                 }
             }
             TurnStatus::Interrupted => {
-                print_answer(result.response.as_deref());
+                print_answer(text_to_print(&result, &driven.streamed, None).as_deref());
                 self.approval_hint();
             }
             TurnStatus::Reply => {
-                print_answer(result.response.as_deref());
+                print_answer(text_to_print(&result, &driven.streamed, None).as_deref());
                 if asks_for_help(text) {
-                    println!("{CHAT_KEYS}");
+                    println_out(CHAT_KEYS);
                 }
             }
-            // An error report is never streamed, even when part of an answer was.
-            TurnStatus::Failed => print_answer(result.response.as_deref()),
-            TurnStatus::Completed | TurnStatus::Updated => {
-                if !driven.streamed {
-                    print_answer(result.response.as_deref());
-                }
+            // An error report is always printed, even when part of an answer was streamed;
+            // an answer only when exactly it was not streamed.
+            TurnStatus::Failed | TurnStatus::Completed | TurnStatus::Updated => {
+                print_answer(text_to_print(&result, &driven.streamed, None).as_deref());
             }
         }
         Flow::Continue
@@ -270,13 +306,16 @@ impl Chat<'_> {
         match canonical_name(&command.name).unwrap_or(command.name.as_str()) {
             "clear" => {
                 if self.out.interactive {
-                    print!("\x1b[2J\x1b[3J\x1b[H");
-                    let _ = std::io::stdout().flush();
+                    print_out("\x1b[2J\x1b[3J\x1b[H");
                 }
                 self.out.note(&format!("screen cleared; the conversation on thread {} is kept", self.thread));
             }
-            "config" => println!("{}", self.config_text()),
-            "status" => println!("{}", self.status_text(result).await),
+            "config" => {
+                println_out(&self.config_text());
+            }
+            "status" => {
+                println_out(&self.status_text(result).await);
+            }
             other => self.out.note(&format!("/{other} has no effect in chat")),
         }
     }
@@ -341,7 +380,7 @@ fn asks_for_help(text: &str) -> bool {
 
 fn print_answer(text: Option<&str>) {
     if let Some(text) = text.map(str::trim_end).filter(|text| !text.is_empty()) {
-        println!("{text}");
+        println_out(text);
     }
 }
 

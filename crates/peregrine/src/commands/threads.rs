@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use peregrine_agent::infra::orchestrator::pending::PendingPlans;
 use peregrine_core::{AgentState, Role};
 use peregrine_graph::{DynCheckpointer, Graph, ListQuery};
 use serde_json::json;
@@ -11,6 +12,7 @@ use crate::app::FrameworkApp;
 use crate::config::Config;
 use crate::output::{Output, Style};
 use crate::runtime::{ThreadStatus, open_store, reader_agent};
+use crate::turn::{invoked_name, parse_thread_id, println_out, thread_flag};
 
 /// `threads` subcommands.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -24,6 +26,7 @@ pub enum ThreadsCommand {
     /// A thread's conversation and status.
     Show {
         /// The thread.
+        #[arg(value_parser = parse_thread_id)]
         thread: String,
         /// JSON instead of text.
         #[arg(long)]
@@ -32,42 +35,68 @@ pub enum ThreadsCommand {
     /// A thread's checkpoints, newest first.
     History {
         /// The thread.
+        #[arg(value_parser = parse_thread_id)]
         thread: String,
-        /// At most this many.
-        #[arg(long)]
+        /// At most this many (1 or more).
+        #[arg(long, value_parser = parse_limit)]
         limit: Option<usize>,
         /// JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
-    /// Delete a thread and all its checkpoints.
+    /// Delete a thread, all its checkpoints and its pending plan.
     Delete {
         /// The thread.
+        #[arg(value_parser = parse_thread_id)]
         thread: String,
     },
+}
+
+/// `--limit`: a positive count (0 would list nothing and look like a missing thread).
+fn parse_limit(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("the limit must be at least 1".into()),
+        Ok(limit) => Ok(limit),
+        Err(_) => Err(format!("'{text}' is not a count; give a number of checkpoints, e.g. 20")),
+    }
 }
 
 /// Runs the subcommand.
 pub async fn run(command: &ThreadsCommand, config: &Config, out: &Output) -> anyhow::Result<()> {
     let store = open_store(config).await?;
+    let bin = invoked_name();
     match command {
         ThreadsCommand::List { json } => list(&store, config, *json, out).await,
-        ThreadsCommand::Show { thread, json } => show(store, config, thread, *json, out).await,
-        ThreadsCommand::History { thread, limit, json } => history(&store, thread, *limit, *json, out).await,
-        ThreadsCommand::Delete { thread } => {
-            if store.list_boxed(thread, ListQuery { before: None, limit: Some(1) }).await?.is_empty() {
-                anyhow::bail!("there is no thread '{thread}'; `threads list` shows the threads");
-            }
-            store.delete_thread_boxed(thread).await?;
-            println!("deleted thread '{thread}'");
-            Ok(())
-        }
+        ThreadsCommand::Show { thread, json } => show(store, config, thread, *json, out, &bin).await,
+        ThreadsCommand::History { thread, limit, json } => history(&store, thread, *limit, *json, out, &bin).await,
+        ThreadsCommand::Delete { thread } => delete(&store, config, thread, out, &bin).await,
     }
+}
+
+fn no_such_thread(thread: &str, bin: &str) -> String {
+    format!("there is no thread '{thread}'; `{bin} threads list` shows the threads")
 }
 
 fn graph(store: Arc<dyn DynCheckpointer>, config: &Config) -> anyhow::Result<Arc<Graph<AgentState>>> {
     // Any registry decodes the state; the framework's is enough and loads no model.
     Ok(reader_agent(config, &FrameworkApp, store)?.graph().clone())
+}
+
+async fn delete(store: &Arc<dyn DynCheckpointer>, config: &Config, thread: &str, out: &Output, bin: &str) -> anyhow::Result<()> {
+    if store.list_boxed(thread, ListQuery { before: None, limit: Some(1) }).await?.is_empty() {
+        anyhow::bail!(no_such_thread(thread, bin));
+    }
+    store.delete_thread_boxed(thread).await?;
+    // The plan that waited for the thread's approval goes with it (a later thread of the same
+    // name must not find it).
+    let plans = PendingPlans::for_thread(&config.settings.agent_data_dir, thread);
+    match std::fs::remove_dir_all(plans.dir()) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => out.warn(&format!("the thread is deleted, but its pending plan in {} is not: {error}", plans.dir().display())),
+    }
+    println_out(&format!("deleted thread '{thread}'"));
+    Ok(())
 }
 
 async fn list(store: &Arc<dyn DynCheckpointer>, config: &Config, as_json: bool, out: &Output) -> anyhow::Result<()> {
@@ -88,21 +117,20 @@ async fn list(store: &Arc<dyn DynCheckpointer>, config: &Config, as_json: bool, 
                 json!({"thread_id": summary.thread_id, "status": status, "turns": turns, "checkpoints": summary.checkpoints, "updated_at": summary.latest.created_at})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        println_out(&serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
     if rows.is_empty() {
         out.note("no threads yet");
         return Ok(());
     }
-    println!(
-        "{}",
-        Style::Bold
-            .paint(&format!("{:<28} {:<12} {:>5} {:>11}  {}", "THREAD", "STATUS", "TURNS", "CHECKPOINTS", "UPDATED"), out.color_stdout)
-    );
+    let header = format!("{:<28} {:<12} {:>5} {:>11}  {}", "THREAD", "STATUS", "TURNS", "CHECKPOINTS", "UPDATED");
+    if !println_out(&Style::Bold.paint(&header, out.color_stdout)) {
+        return Ok(());
+    }
     for (summary, status, turns) in rows {
         let status = serde_json::to_value(status)?.as_str().unwrap_or_default().to_owned();
-        println!(
+        let row = format!(
             "{:<28} {:<12} {:>5} {:>11}  {}",
             summary.thread_id,
             status,
@@ -110,14 +138,24 @@ async fn list(store: &Arc<dyn DynCheckpointer>, config: &Config, as_json: bool, 
             summary.checkpoints,
             summary.latest.created_at.format("%Y-%m-%d %H:%M:%S UTC")
         );
+        // A closed pipe (`| head -1`) ends the listing.
+        if !println_out(&row) {
+            break;
+        }
     }
     Ok(())
 }
 
-async fn show(store: Arc<dyn DynCheckpointer>, config: &Config, thread: &str, as_json: bool, out: &Output) -> anyhow::Result<()> {
+async fn show(
+    store: Arc<dyn DynCheckpointer>,
+    config: &Config,
+    thread: &str,
+    as_json: bool,
+    out: &Output,
+    bin: &str,
+) -> anyhow::Result<()> {
     let graph = graph(store, config)?;
-    let snapshot =
-        graph.get_state(thread).await?.with_context(|| format!("there is no thread '{thread}'; `threads list` shows the threads"))?;
+    let snapshot = graph.get_state(thread).await?.with_context(|| no_such_thread(thread, bin))?;
     let status = ThreadStatus::of(&snapshot);
     if as_json {
         let value = json!({
@@ -127,7 +165,7 @@ async fn show(store: Arc<dyn DynCheckpointer>, config: &Config, thread: &str, as
             "interrupt": snapshot.meta.interrupt,
             "checkpoint_id": snapshot.meta.checkpoint_id,
         });
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        println_out(&serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
     for message in &snapshot.state.messages {
@@ -136,52 +174,86 @@ async fn show(store: Arc<dyn DynCheckpointer>, config: &Config, thread: &str, as
             Role::Assistant => Style::Bold.paint("agent", out.color_stdout),
             _ => Style::Dim.paint("system", out.color_stdout),
         };
-        println!("{who} {}", Style::Dim.paint(&message.timestamp.format("%Y-%m-%d %H:%M").to_string(), out.color_stdout));
-        println!("{}\n", message.content.trim_end());
-    }
-    match status {
-        ThreadStatus::Idle => {}
-        ThreadStatus::Interrupted => {
-            println!("{}", Style::Warning.paint("waiting for an approval: the next message answers it", out.color_stdout))
+        let when = Style::Dim.paint(&message.timestamp.format("%Y-%m-%d %H:%M").to_string(), out.color_stdout);
+        if !println_out(&format!("{who} {when}\n{}\n", message.content.trim_end())) {
+            return Ok(());
         }
-        ThreadStatus::Unfinished => println!(
-            "{}",
-            Style::Warning.paint(&format!("a run was cut off; finish it with `run --thread {thread} --resume`"), out.color_stdout)
-        ),
     }
+    let flag = thread_flag(thread);
+    let footer = match status {
+        ThreadStatus::Idle => return Ok(()),
+        ThreadStatus::Interrupted => {
+            format!("waiting for an approval: the next message answers it (`{bin} run {flag} yes` or `… no`)")
+        }
+        ThreadStatus::Unfinished if snapshot.meta.resume.is_some() => {
+            format!("an answered approval waits for its step to run; finish the turn with `{bin} run {flag} --resume`")
+        }
+        ThreadStatus::Unfinished => format!("a run was cut off; finish it with `{bin} run {flag} --resume`"),
+    };
+    println_out(&Style::Warning.paint(&footer, out.color_stdout));
     Ok(())
 }
 
-async fn history(store: &Arc<dyn DynCheckpointer>, thread: &str, limit: Option<usize>, as_json: bool, out: &Output) -> anyhow::Result<()> {
+async fn history(
+    store: &Arc<dyn DynCheckpointer>,
+    thread: &str,
+    limit: Option<usize>,
+    as_json: bool,
+    out: &Output,
+    bin: &str,
+) -> anyhow::Result<()> {
     let history = store.list_boxed(thread, ListQuery { before: None, limit }).await?;
     if history.is_empty() {
-        anyhow::bail!("there is no thread '{thread}'; `threads list` shows the threads");
+        anyhow::bail!(no_such_thread(thread, bin));
     }
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&history)?);
+        println_out(&serde_json::to_string_pretty(&history)?);
         return Ok(());
     }
-    println!(
-        "{}",
-        Style::Bold
-            .paint(&format!("{:>6}  {:<7} {:<18} {:>4}  {:<23} {}", "ID", "SOURCE", "NODE", "STEP", "TIME", "RUN"), out.color_stdout)
-    );
-    for meta in history {
-        let source = serde_json::to_value(meta.source)?.as_str().map(str::to_owned).unwrap_or_else(|| format!("{:?}", meta.source));
-        let node = match (&meta.node, &meta.interrupt) {
-            (Some(node), Some(_)) => format!("{node} (waiting)"),
-            (Some(node), None) => node.clone(),
-            (None, _) => "-".to_owned(),
-        };
-        println!(
-            "{:>6}  {:<7} {:<18} {:>4}  {:<23} {}",
+    let rows: Vec<_> = history
+        .iter()
+        .map(|meta| {
+            let source = serde_json::to_value(meta.source).ok().and_then(|value| value.as_str().map(str::to_lowercase));
+            let node = match (&meta.node, &meta.interrupt) {
+                (Some(node), Some(_)) => format!("{node} (waiting)"),
+                (Some(node), None) => node.clone(),
+                (None, _) => "-".to_owned(),
+            };
+            (meta, source.unwrap_or_else(|| format!("{:?}", meta.source).to_lowercase()), node)
+        })
+        .collect();
+    // Wide enough for every node name of this thread ("orchestrator (waiting)").
+    let width = rows.iter().map(|(_, _, node)| node.chars().count()).max().unwrap_or(0).max("NODE".len());
+    let header = format!("{:>6}  {:<7} {:<width$} {:>4}  {:<23} {}", "ID", "SOURCE", "NODE", "STEP", "TIME", "RUN");
+    if !println_out(&Style::Bold.paint(&header, out.color_stdout)) {
+        return Ok(());
+    }
+    for (meta, source, node) in rows {
+        let row = format!(
+            "{:>6}  {:<7} {:<width$} {:>4}  {:<23} {}",
             meta.checkpoint_id,
-            source.to_lowercase(),
+            source,
             node,
             meta.run_step,
             meta.created_at.format("%Y-%m-%d %H:%M:%S%.3f"),
             meta.run_id
         );
+        if !println_out(&row) {
+            break;
+        }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_is_a_positive_count() {
+        assert_eq!(parse_limit("20"), Ok(20));
+        assert!(parse_limit("0").is_err());
+        assert!(parse_limit("-1").is_err());
+        assert!(parse_limit("many").is_err());
+    }
 }

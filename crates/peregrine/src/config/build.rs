@@ -1,46 +1,25 @@
 //! From the text of `config.yml` to a validated [`Config`]: deserialization through the
-//! interpolating wrapper, errors with file, line, column and dotted key (secrets redacted), the
-//! checks that need the whole file (unknown providers, limits, the checkpointer), and the
-//! mapping into the per-crate settings.
+//! interpolating wrapper (through the merged tree for a file with `<<` merge keys), the checks
+//! that need the whole file (unknown providers, limits, base URLs, logging, the checkpointer),
+//! and the mapping into the per-crate settings. Errors are worded in `errors`.
 
 use std::cell::RefCell;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use peregrine_agent::AgentSettings;
 use peregrine_core::AgentControl;
-use peregrine_llm::{LlmConfig, ModelConfig, ProviderConfig, Secret, default_protocol};
+use peregrine_llm::{LlmConfig, ModelConfig, ProviderConfig, Secret, default_protocol, http::validate_base_url};
 
-use super::de::{EnvLookup, Interpolating, Scope, Walk};
+use super::de::{EnvLookup, Interpolating, Scope, Unresolved, Walk};
+use super::errors::{deserialize_error, typo_hints, unset_message, yaml_error};
 use super::lines::key_position;
-use super::raw::{CheckpointerKind, OrchestrationMode, RawCapabilities, RawCheckpointer, RawConfig, RawProvider, known_keys};
+use super::raw::{CheckpointerKind, OrchestrationMode, RawCapabilities, RawCheckpointer, RawConfig, RawLogging, RawProvider};
 use super::{
-    BUILTIN_CAPABILITIES, CapabilitiesConfig, CheckpointerConfig, Config, ConfigError, DevelopmentConfig, LoggingConfig, Secrets, defaults,
+    BUILTIN_CAPABILITIES, CapabilitiesConfig, CheckpointerConfig, Config, ConfigError, DevelopmentConfig, LoggingConfig, Secrets, checks,
+    defaults, dsn, merge,
 };
-
-/// Top-level keys of Osprey 0.11's `config.yml` that Peregrine does not use (reported as
-/// ignored, never hinted as typos).
-const OSPREY_TOP_LEVEL: &[&str] = &[
-    "project_name",
-    "build_dir",
-    "project_root",
-    "registry_path",
-    "container_runtime",
-    "deployment",
-    "services",
-    "deployed_services",
-    "execution",
-    "control_system",
-    "archiver",
-    "channel_finder",
-    "machine_state",
-    "ariel",
-    "python_executor",
-    "pipeline",
-    "cli",
-    "applications",
-];
 
 /// Provider names with a built-in protocol (see `peregrine_llm::default_protocol`).
 const BUILT_IN_PROVIDERS: &[&str] =
@@ -48,27 +27,35 @@ const BUILT_IN_PROVIDERS: &[&str] =
 
 /// Parses and validates one file's text; `path` names it in errors and anchors relative paths.
 pub(crate) fn parse(text: &str, path: &Path, env: EnvLookup<'_>) -> Result<Config, ConfigError> {
+    // A byte-order mark is not part of the first key (and moves no line).
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let walk = RefCell::new(Walk::default());
     let raw = if is_blank(text) {
         RawConfig::default()
-    } else if uses_merge_keys(text) {
-        // `<<: *anchor` (PyYAML, hence upstream, merges them) needs the parsed document; its
-        // errors then take their line from the key path.
-        let mut document: serde_norway::Value = serde_norway::from_str(text).map_err(|error| yaml_error(&error, path))?;
-        document.apply_merge().map_err(|error| yaml_error(&error, path))?;
-        let result: Result<RawConfig, _> = serde_path_to_error::deserialize(Interpolating::new(document, Scope::for_value(env, &walk)));
-        result.map_err(|error| deserialize_error(error, path, text, &walk.borrow().secrets))?
+    } else if let Some(node) = merged(text, path)? {
+        // Errors of a merged file take their line from the key path (a merged key may be
+        // written under the anchor, not where it is used).
+        let result: Result<RawConfig, _> = serde_path_to_error::deserialize(Interpolating::new(node, Scope::new(env, &walk)));
+        result.map_err(|error| deserialize_error(error, path, text, &walk.borrow()))?
     } else {
         let deserializer = serde_norway::Deserializer::from_str(text);
         let result: Result<RawConfig, _> = serde_path_to_error::deserialize(Interpolating::new(deserializer, Scope::new(env, &walk)));
-        result.map_err(|error| deserialize_error(error, path, text, &walk.borrow().secrets))?
+        result.map_err(|error| deserialize_error(error, path, text, &walk.borrow()))?
     };
     let walk = walk.into_inner();
     let project_dir = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_owned(),
         _ => PathBuf::from("."),
     };
-    let mut build = Build { text, file: path, project_dir: &project_dir, env, secrets: Secrets(walk.secrets), warnings: walk.warnings };
+    let mut build = Build {
+        text,
+        file: path,
+        project_dir: &project_dir,
+        env,
+        secrets: Secrets(walk.secrets),
+        warnings: walk.warnings,
+        unresolved: walk.unresolved,
+    };
     let config = build.config(raw)?;
     let mut ignored_keys: Vec<String> = walk.ignored.into_iter().collect::<BTreeSet<_>>().into_iter().collect();
     // An unset variable matters only where it is used: a provider no model uses (Osprey's
@@ -87,21 +74,17 @@ pub(crate) fn parse(text: &str, path: &Path, env: EnvLookup<'_>) -> Result<Confi
     Ok(Config { ignored_keys, warnings, ..config })
 }
 
-/// Whether some line starts with a `<<` merge key.
-fn uses_merge_keys(text: &str) -> bool {
-    text.lines().any(|line| line.trim_start().trim_start_matches("- ").trim_start().starts_with("<<"))
-}
-
-/// A YAML syntax error (no secret can be in it: nothing is interpolated yet).
-fn yaml_error(error: &serde_norway::Error, file: &Path) -> ConfigError {
-    let location = error.location();
-    ConfigError {
-        file: Some(file.to_owned()),
-        line: location.as_ref().map(serde_norway::Location::line),
-        column: location.as_ref().map(serde_norway::Location::column),
-        key: None,
-        message: bare_message(&error.to_string(), "."),
+/// The merged tree of a file whose document has `<<` merge keys; `None` for a file without
+/// (read directly from the text, which keeps exact lines and columns in errors).
+fn merged(text: &str, path: &Path) -> Result<Option<merge::Node>, ConfigError> {
+    if !text.contains("<<") {
+        return Ok(None);
     }
+    let document: serde_norway::Value = serde_norway::from_str(text).map_err(|error| yaml_error(&error, path))?;
+    if !merge::has_merge_keys(&document) {
+        return Ok(None);
+    }
+    merge::read(text, &document).map(Some).map_err(|error| yaml_error(&error, path))
 }
 
 /// Only comments and blank lines (serde_norway refuses an empty document).
@@ -116,19 +99,19 @@ struct Build<'a> {
     env: EnvLookup<'a>,
     secrets: Secrets,
     warnings: Vec<String>,
+    unresolved: BTreeMap<String, Unresolved>,
 }
 
 impl Build<'_> {
     fn config(&mut self, raw: RawConfig) -> Result<Config, ConfigError> {
+        // Without `models` the file runs on the embedded model, so it gets the embedded
+        // defaults' profile for it (see `Config::embedded_with`) unless it says otherwise.
+        let embedded_model = raw.models.as_ref().is_none_or(BTreeMap::is_empty);
         let llm = self.llm(&raw)?;
-        let settings = self.settings(&raw)?;
+        let settings = self.settings(&raw, embedded_model)?;
         let checkpointer = self.checkpointer(raw.checkpointer, &settings.agent_data_dir)?;
-        let capabilities = self.capabilities(raw.capabilities)?;
-        let logging = raw.logging.unwrap_or_default();
-        let logging = LoggingConfig {
-            level: logging.level.filter(|level| !level.trim().is_empty()),
-            file: logging.file.map(|file| self.path(&file)),
-        };
+        let capabilities = self.capabilities(raw.capabilities, embedded_model)?;
+        let logging = self.logging(raw.logging.unwrap_or_default())?;
         let development = raw.development.unwrap_or_default();
         let development = DevelopmentConfig {
             save_api_calls: development.api_calls.and_then(|calls| calls.save_all).unwrap_or(false),
@@ -149,8 +132,25 @@ impl Build<'_> {
         })
     }
 
-    /// `capabilities.exclude`: names of built-in capabilities only.
-    fn capabilities(&self, raw: Option<RawCapabilities>) -> Result<CapabilitiesConfig, ConfigError> {
+    /// `logging`: a level tracing can read, a file whose directory exists.
+    fn logging(&self, raw: RawLogging) -> Result<LoggingConfig, ConfigError> {
+        let level = raw.level.filter(|level| !level.trim().is_empty());
+        if let Some(level) = &level {
+            checks::log_level(level).map_err(|message| self.error_at("logging.level", message))?;
+        }
+        let file = raw.file.filter(|file| !file.trim().is_empty()).map(|file| self.path(&file));
+        if let Some(file) = &file {
+            checks::log_file(file).map_err(|message| self.error_at("logging.file", message))?;
+        }
+        Ok(LoggingConfig { level, file })
+    }
+
+    /// `capabilities.exclude`: names of built-in capabilities only. On the embedded model, a file
+    /// without a `capabilities` section leaves every built-in out, as the embedded defaults do.
+    fn capabilities(&self, raw: Option<RawCapabilities>, embedded_model: bool) -> Result<CapabilitiesConfig, ConfigError> {
+        if embedded_model && raw.is_none() && key_position(self.text, &["capabilities"]).is_none() {
+            return Ok(CapabilitiesConfig { exclude: BUILTIN_CAPABILITIES.iter().map(|name| (*name).to_owned()).collect() });
+        }
         let exclude = raw.and_then(|raw| raw.exclude).unwrap_or_default();
         if let Some(unknown) = exclude.iter().find(|name| !BUILTIN_CAPABILITIES.contains(&name.as_str())) {
             let line = key_position(self.text, &["capabilities", "exclude"]).map(|(line, _)| line);
@@ -201,7 +201,30 @@ impl Build<'_> {
                 local.model_path = Some(defaults::local_model_path(self.env).display().to_string());
             }
         }
+        self.check_base_urls(&llm)?;
         Ok(llm)
+    }
+
+    /// The `base_url` of every provider a model uses, checked as the provider will check it when
+    /// it is built (providers no model uses are never built, so not checked).
+    fn check_base_urls(&self, llm: &LlmConfig) -> Result<(), ConfigError> {
+        let used: BTreeSet<&str> = llm.models.values().map(|model| model.provider.as_str()).collect();
+        for name in used {
+            let Some(provider) = llm.providers.get(name) else { continue };
+            let Some(base_url) = provider.base_url.as_deref() else { continue };
+            if provider.protocol.as_deref().or_else(|| default_protocol(name)) == Some("local") {
+                continue;
+            }
+            if let Err(error) = validate_base_url(name, base_url) {
+                let key = format!("api.providers.{name}.base_url");
+                let mut message = error.message.strip_prefix(&format!("{key} is invalid: ")).unwrap_or(&error.message).to_owned();
+                if !base_url.contains("://") && !base_url.trim().is_empty() {
+                    message.push_str(&format!("; write it with its scheme, such as http://{}", base_url.trim()));
+                }
+                return Err(self.error_at(&key, message));
+            }
+        }
+        Ok(())
     }
 
     fn provider(&self, raw: &RawProvider) -> ProviderConfig {
@@ -238,8 +261,9 @@ impl Build<'_> {
         ))
     }
 
-    /// `approval`, `execution_control`, `system.timezone`, `file_paths.agent_data_dir`.
-    fn settings(&mut self, raw: &RawConfig) -> Result<AgentSettings, ConfigError> {
+    /// `approval`, `execution_control`, `system.timezone`, `file_paths.agent_data_dir`. On the
+    /// embedded model task extraction is bypassed unless the file says otherwise.
+    fn settings(&mut self, raw: &RawConfig, embedded_model: bool) -> Result<AgentSettings, ConfigError> {
         let approval = raw.approval.clone().unwrap_or_default();
         let control = raw.execution_control.as_ref();
         let agent_control = control.and_then(|control| control.agent_control.as_ref());
@@ -263,15 +287,24 @@ impl Build<'_> {
             .and_then(|paths| paths.agent_data_dir.as_deref())
             .filter(|dir| !dir.trim().is_empty())
             .map_or_else(|| self.project_dir.join("_agent_data"), |dir| self.path(dir));
-        let timezone = match raw.system.as_ref().and_then(|system| system.timezone) {
-            Some(timezone) => timezone.0,
+        let timezone = match raw.system.as_ref().and_then(|system| system.timezone.clone()) {
+            Some(timezone) => {
+                if let Some(file) = &timezone.unreadable_file {
+                    self.warnings.push(format!(
+                        "system.timezone is `{file}` (a zone file, as TZ=:/etc/localtime names one), which is not a link into a zoneinfo directory, so its timezone cannot be named; UTC is used (set TZ or system.timezone to a name such as Europe/Berlin)"
+                    ));
+                }
+                timezone.zone
+            }
             None => defaults::timezone(self.env),
         };
         Ok(AgentSettings {
             agent_control: AgentControl {
                 planning_mode_enabled: agent_control.and_then(|agent| agent.planning_mode_enabled).unwrap_or(false),
                 approval_mode: approval.global_mode,
-                task_extraction_bypass_enabled: agent_control.and_then(|agent| agent.task_extraction_bypass_enabled).unwrap_or(false),
+                task_extraction_bypass_enabled: agent_control
+                    .and_then(|agent| agent.task_extraction_bypass_enabled)
+                    .unwrap_or(embedded_model),
                 capability_selection_bypass_enabled: agent_control
                     .and_then(|agent| agent.capability_selection_bypass_enabled)
                     .unwrap_or(false),
@@ -318,6 +351,15 @@ impl Build<'_> {
                         "a postgres checkpointer needs checkpointer.url (postgres://user:password@host:5432/database; put the password in .env as ${PEREGRINE_POSTGRES_PASSWORD} or similar)".to_owned(),
                     ));
                 };
+                // Checked as the checkpointer will parse it, so that `config validate` refuses what
+                // `threads` would; its password is a secret in every form it is written.
+                let url = url.trim().to_owned();
+                let parsed = dsn::parse(&url).map_err(|message| self.error_at("checkpointer.url", message))?;
+                let secrets = parsed.secrets();
+                if !secrets.is_empty() {
+                    secrets.iter().for_each(|secret| self.secret(secret));
+                    self.secret(&url);
+                }
                 CheckpointerConfig::Postgres { url: Secret::new(url), pool_size: raw.pool_size.map(|size| size.0 as usize) }
             }
             CheckpointerKind::Memory => {
@@ -335,10 +377,21 @@ impl Build<'_> {
         defaults::expand_home(text.trim(), self.env).map_or_else(|| self.project_dir.join(text.trim()), |path| self.project_dir.join(path))
     }
 
-    /// An error at the line of `dotted` (or its nearest written ancestor).
+    fn secret(&mut self, value: &str) {
+        if !value.is_empty() && !self.secrets.0.iter().any(|known| known == value) {
+            self.secrets.0.push(value.to_owned());
+        }
+    }
+
+    /// An error at the line of `dotted` (or its nearest written ancestor); about a value that
+    /// kept an unset reference, the error says so.
     fn error_at(&self, dotted: &str, message: String) -> ConfigError {
         let segments: Vec<&str> = dotted.split('.').collect();
         let position = key_position(self.text, &segments);
+        let message = match self.unresolved.get(dotted) {
+            Some(unresolved) => unset_message(dotted, unresolved, &message),
+            None => message,
+        };
         ConfigError {
             file: Some(self.file.to_owned()),
             line: position.map(|(line, _)| line),
@@ -346,181 +399,5 @@ impl Build<'_> {
             key: Some(dotted.to_owned()),
             message: self.secrets.redact(&message),
         }
-    }
-}
-
-/// A deserialization error as a [`ConfigError`]: serde_norway's line and column, the dotted key
-/// from serde_path_to_error, a message that says what is expected, secrets redacted.
-fn deserialize_error(error: serde_path_to_error::Error<serde_norway::Error>, file: &Path, text: &str, secrets: &[String]) -> ConfigError {
-    let path = error.path().to_string();
-    let inner = error.into_inner();
-    let location = inner.location();
-    let mut message = bare_message(&inner.to_string(), &path);
-    let mut key = (path != "." && !path.is_empty()).then(|| path.trim_end_matches(".?").trim_end_matches('?').to_owned());
-    if let Some((field, expected)) = unknown_field(&message) {
-        let hint = closest(&field, &expected).map(|candidate| format!("did you mean `{candidate}`? ")).unwrap_or_default();
-        let expected = expected.iter().map(|name| format!("`{name}`")).collect::<Vec<_>>().join(", ");
-        message = format!("unknown key `{field}`; {hint}expected one of {expected}");
-        key = Some(match key {
-            Some(parent) if !parent.ends_with(&field) => format!("{parent}.{field}"),
-            Some(parent) => parent,
-            None => field,
-        });
-    } else if key.is_none() && message.contains("expected struct RawConfig") {
-        message = "config.yml must be a mapping of sections (models:, api:, execution_control:, …)".to_owned();
-    }
-    let position = match (&location, &key) {
-        (Some(location), _) => Some((location.line(), location.column())),
-        (None, Some(key)) => key_position(text, &key.split('.').collect::<Vec<_>>()),
-        (None, None) => None,
-    };
-    ConfigError {
-        file: Some(file.to_owned()),
-        line: position.map(|(line, _)| line),
-        column: position.map(|(_, column)| column),
-        key,
-        message: Secrets::redact_with(secrets, &polish(&message)),
-    }
-}
-
-/// serde_norway's message without its own key prefix and position suffix (they are fields of
-/// the error).
-fn bare_message(text: &str, path: &str) -> String {
-    // serde_norway prefixes its own key path, which may stop short of serde_path_to_error's.
-    let mut message = match text.split_once(": ") {
-        Some((head, rest)) if !head.contains(char::is_whitespace) && (head == "." || path.starts_with(head)) => rest.to_owned(),
-        _ => text.to_owned(),
-    };
-    for marker in [" at line ", " at position "] {
-        while let Some(start) = message.find(marker) {
-            let digits = |s: &str| s.len() - s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-            let rest = &message[start + marker.len()..];
-            let mut end = start + marker.len() + digits(rest);
-            if let Some(column) = message[end..].strip_prefix(" column ") {
-                end += " column ".len() + digits(column);
-            }
-            message.replace_range(start..end, "");
-        }
-    }
-    message
-}
-
-/// serde's "unknown field `x`, expected one of `a`, `b`" (or "expected `a`").
-fn unknown_field(message: &str) -> Option<(String, Vec<String>)> {
-    let rest = message.strip_prefix("unknown field `")?;
-    let (field, rest) = rest.split_once('`')?;
-    let expected = rest.split('`').skip(1).step_by(2).map(str::to_owned).collect();
-    Some((field.to_owned(), expected))
-}
-
-/// Serde's Rust type names in messages, said in the words of a config file.
-fn polish(message: &str) -> String {
-    let mut out = message.replace("missing field", "missing key");
-    for (rust, words) in [
-        ("expected u8", "expected a whole number (0 or more)"),
-        ("expected u16", "expected a whole number (0 or more)"),
-        ("expected u32", "expected a whole number (0 or more)"),
-        ("expected u64", "expected a whole number (0 or more)"),
-        ("expected usize", "expected a whole number (0 or more)"),
-        ("expected f32", "expected a number"),
-        ("expected f64", "expected a number"),
-        ("expected a boolean", "expected true or false"),
-        ("expected a string", "expected text"),
-    ] {
-        out = out.replace(rust, words);
-    }
-    if let Some(start) = out.find("expected struct ") {
-        let end = out[start..].find([',', ';']).map_or(out.len(), |offset| start + offset);
-        out.replace_range(start..end, "expected a mapping of keys");
-    }
-    out
-}
-
-/// Warnings for ignored keys that look like misspelt keys Peregrine reads.
-fn typo_hints(ignored: &[String]) -> Vec<String> {
-    ignored
-        .iter()
-        .filter_map(|key| {
-            let (section, name) = key.rsplit_once('.').unwrap_or(("", key.as_str()));
-            if section.is_empty() && OSPREY_TOP_LEVEL.contains(&name) {
-                return None;
-            }
-            let known: Vec<String> = known_keys(section).iter().map(|known| (*known).to_owned()).collect();
-            let candidate = closest(name, &known)?;
-            let suggestion = if section.is_empty() { candidate } else { format!("{section}.{candidate}") };
-            Some(format!("{key} is not a key Peregrine reads (ignored); did you mean {suggestion}?"))
-        })
-        .collect()
-}
-
-/// The known name closest to `name`: within one edit for names of up to four characters, two
-/// for longer ones.
-fn closest(name: &str, known: &[String]) -> Option<String> {
-    let allowed = if name.chars().count() <= 4 { 1 } else { 2 };
-    known
-        .iter()
-        .filter(|candidate| candidate.as_str() != name)
-        .map(|candidate| (edit_distance(name, candidate), candidate))
-        .filter(|(distance, _)| *distance <= allowed)
-        .min_by_key(|(distance, _)| *distance)
-        .map(|(_, candidate)| candidate.clone())
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut previous: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut current = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            current[j + 1] = (previous[j] + usize::from(ca != *cb)).min(previous[j + 1] + 1).min(current[j] + 1);
-        }
-        previous = current;
-    }
-    previous[b.len()]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn serde_messages_lose_their_position_and_prefix() {
-        assert_eq!(
-            bare_message("models.x.max_tokens: invalid type: string \"lots\", expected u32 at line 4 column 17", "models.x.max_tokens"),
-            "invalid type: string \"lots\", expected u32"
-        );
-        assert_eq!(
-            bare_message("did not find expected key at line 3 column 1, while parsing a block mapping at line 1 column 1", "."),
-            "did not find expected key, while parsing a block mapping"
-        );
-        assert_eq!(
-            bare_message("models.x: unknown field `max_token`, expected `provider`", "models.x.max_token"),
-            "unknown field `max_token`, expected `provider`"
-        );
-        assert_eq!(bare_message("invalid type: string \"x\", expected u32", "a.b"), "invalid type: string \"x\", expected u32");
-        assert_eq!(polish("invalid type: string \"x\", expected u32"), "invalid type: string \"x\", expected a whole number (0 or more)");
-        assert_eq!(polish("invalid type: sequence, expected struct RawModel"), "invalid type: sequence, expected a mapping of keys");
-    }
-
-    #[test]
-    fn unknown_fields_get_a_suggestion() {
-        let (field, expected) =
-            unknown_field("unknown field `max_token`, expected one of `provider`, `model_id`, `max_tokens`, `temperature`")
-                .expect("recognised");
-        assert_eq!(field, "max_token");
-        assert_eq!(expected, ["provider", "model_id", "max_tokens", "temperature"]);
-        assert_eq!(closest("max_token", &expected), Some("max_tokens".to_owned()));
-        assert_eq!(closest("pth", &["path".to_owned()]), Some("path".to_owned()));
-        assert_eq!(closest("url", &["uri_x".to_owned(), "type".to_owned()]), None, "short names need a close match");
-        assert_eq!(edit_distance("base_ur1", "base_url"), 1);
-    }
-
-    #[test]
-    fn typo_hints_skip_osprey_keys() {
-        let ignored = ["cli".to_owned(), "services".to_owned(), "api.providers.openai.base_ur1".to_owned(), "logging.levle".to_owned()];
-        let hints = typo_hints(&ignored);
-        assert_eq!(hints.len(), 2, "{hints:?}");
-        assert!(hints[0].contains("did you mean api.providers.openai.base_url?"), "{hints:?}");
-        assert!(hints[1].contains("did you mean logging.level?"), "{hints:?}");
     }
 }

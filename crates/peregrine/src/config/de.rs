@@ -12,14 +12,24 @@
 //! - sections Peregrine ignores are skipped unread, so their unset variables do not warn.
 //!
 //! Numbers and booleans are requested from serde_norway with `deserialize_any` so that a plain
-//! scalar holding a reference reaches `visit_str`, where it is interpolated and then parsed.
+//! scalar holding a reference reaches `visit_str`, where it is interpolated and then parsed. A
+//! boolean field also takes YAML 1.1's words (`yes`/`no`/`on`/`off`), as PyYAML, hence upstream,
+//! reads them.
+//!
+//! Secrets: a value is secret when its key is (`api_key`, `*_password`), when it holds a URL or
+//! PostgreSQL password, or when a secret variable (`*_KEY`, `*_TOKEN`, a `*_URL` with a
+//! password, …) was substituted into it; then the whole final value is recorded, and a warning
+//! about an unset `$NAME` in it does not quote the name (in `sk-abc$def` the "name" is part of
+//! the key). `${NAME}` is deliberate syntax and is named; a value that is nothing but `${…}`
+//! references holds no secret of its own and is not recorded.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor};
 
-use super::interpolate::{interpolate, is_placeholder_key, is_secret_name, url_passwords};
+use super::interpolate::{interpolate, is_placeholder_key, is_secret_name, is_url_name, only_braced_references, url_passwords};
 
 /// The environment variables a value may reference.
 pub(crate) type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -35,6 +45,21 @@ pub(crate) struct Walk {
     pub warnings: Vec<String>,
     /// Dotted keys the model skipped.
     pub ignored: Vec<String>,
+    /// Values that kept an unset reference, by dotted key (to explain an error about them).
+    pub unresolved: BTreeMap<String, Unresolved>,
+    /// Secret values by dotted key (to keep even a short one out of an error about it).
+    pub secret_values: BTreeMap<String, String>,
+}
+
+/// A value that kept an unset reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unresolved {
+    /// The references as written (`${NAME}`, `$NAME`).
+    pub references: Vec<String>,
+    /// The value after interpolation.
+    pub text: String,
+    /// Whether the value is a secret (then neither it nor a bare `$NAME` of it is quoted).
+    pub secret: bool,
 }
 
 impl Walk {
@@ -60,38 +85,57 @@ impl Walk {
     /// Interpolates one value at the current key, recording warnings and secrets.
     fn value(&mut self, raw: &str, env: EnvLookup<'_>) -> Option<String> {
         let result = interpolate(raw, env);
-        if !result.unresolved.is_empty() {
-            let key = self.dotted();
-            for reference in &result.unresolved {
-                let warning = format!(
-                    "{key} uses {reference}, which is not set; it is kept as written (set it in the environment or in .env next to config.yml)"
-                );
-                if !self.warnings.contains(&warning) {
-                    self.warnings.push(warning);
+        let key = self.dotted();
+        let provider = self.parent_key().to_owned();
+        let secret_key = is_secret_name(self.last_key()) && !is_placeholder_key(&provider, &result.text);
+        let mut secret = secret_key;
+        for (name, value) in &result.substituted {
+            if (secret_key || is_secret_name(name)) && !is_placeholder_key(&provider, value) {
+                secret = true;
+                self.secret(value);
+            } else if is_url_name(name) {
+                let passwords = url_passwords(value);
+                if !passwords.is_empty() {
+                    secret = true;
+                    self.secret(value);
+                    passwords.iter().for_each(|password| self.secret(password));
                 }
             }
         }
-        for (name, value) in &result.substituted {
-            if is_secret_name(name) && !is_placeholder_key(self.parent_key(), value) {
-                self.secret(value);
-            }
+        // A password that is still a `${…}` placeholder is not secret (the warning names it).
+        for password in url_passwords(&result.text).into_iter().filter(|password| !password.contains("${")) {
+            secret = true;
+            self.secret(&password);
         }
-        if is_secret_name(self.last_key()) && !is_placeholder_key(self.parent_key(), &result.text) {
-            if result.unresolved.is_empty() {
-                self.secret(&result.text);
+        let placeholder = !result.unresolved.is_empty() && only_braced_references(raw);
+        if secret && !placeholder {
+            self.secret(&result.text);
+            self.secret_values.insert(key.clone(), result.text.clone());
+        }
+        let secret = secret && !placeholder;
+        for reference in &result.unresolved {
+            let warning = if secret && !reference.starts_with("${") {
+                format!(
+                    "{key} contains a `$` reference to a variable that is not set; it is kept as written (write `$$` for a literal `$`, or set the variable in the environment or .env)"
+                )
             } else {
-                // Only the substituted parts: the placeholders left are not secret, and hiding
-                // them would hide the warning that names them.
-                let parts: Vec<String> = result.substituted.iter().map(|(_, value)| value.clone()).collect();
-                parts.iter().for_each(|part| self.secret(part));
-            }
+                format!("{key} uses {reference}, which is not set; it is kept as written (set it in the environment or in .env)")
+            };
+            self.warn(warning);
         }
-        for password in url_passwords(&result.text) {
-            if !password.contains("${") {
-                self.secret(&password);
-            }
+        if !result.unresolved.is_empty() {
+            self.unresolved.insert(key.clone(), Unresolved { references: result.unresolved.clone(), text: result.text.clone(), secret });
+        }
+        if result.unterminated {
+            self.warn(format!("{key} has an unterminated `${{` (no closing `}}`); it is kept as written (write `$$` for a literal `$`)"));
         }
         result.changed.then_some(result.text)
+    }
+
+    fn warn(&mut self, warning: String) {
+        if !self.warnings.contains(&warning) {
+            self.warnings.push(warning);
+        }
     }
 
     fn secret(&mut self, value: &str) {
@@ -106,21 +150,12 @@ impl Walk {
 pub(crate) struct Scope<'c> {
     env: EnvLookup<'c>,
     walk: &'c RefCell<Walk>,
-    /// Deserializing a parsed `serde_norway::Value` (a file with `<<` merge keys) rather than
-    /// the text: a value has lost its scalar style, so strings are asked for with
-    /// `deserialize_any` and numbers or booleans where text is expected are taken as text.
-    from_value: bool,
 }
 
 impl<'c> Scope<'c> {
-    /// A scope over `walk` resolving variables with `env`, for deserializing the text.
+    /// A scope over `walk` resolving variables with `env`.
     pub(crate) fn new(env: EnvLookup<'c>, walk: &'c RefCell<Walk>) -> Self {
-        Self { env, walk, from_value: false }
-    }
-
-    /// The same for deserializing a parsed value.
-    pub(crate) fn for_value(env: EnvLookup<'c>, walk: &'c RefCell<Walk>) -> Self {
-        Self { env, walk, from_value: true }
+        Self { env, walk }
     }
 }
 
@@ -169,17 +204,6 @@ macro_rules! as_scalar {
     };
 }
 
-macro_rules! as_text {
-    ($($method:ident),* $(,)?) => {
-        $(
-            fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-                let visit = self.visit(visitor, Hint::Str);
-                if self.scope.from_value { self.inner.deserialize_any(visit) } else { self.inner.$method(visit) }
-            }
-        )*
-    };
-}
-
 macro_rules! forward {
     ($($method:ident => $hint:expr),* $(,)?) => {
         $(
@@ -203,11 +227,9 @@ impl<'de, 'c, D: Deserializer<'de>> Deserializer<'de> for Interpolating<'c, D> {
         deserialize_f32 => Hint::Float, deserialize_f64 => Hint::Float,
     }
 
-    as_text! {
-        deserialize_char, deserialize_str, deserialize_string, deserialize_identifier,
-    }
-
     forward! {
+        deserialize_char => Hint::Str, deserialize_str => Hint::Str, deserialize_string => Hint::Str,
+        deserialize_identifier => Hint::Str,
         deserialize_any => Hint::Any,
         deserialize_bytes => Hint::Any, deserialize_byte_buf => Hint::Any,
         deserialize_option => Hint::Any, deserialize_unit => Hint::Any,
@@ -296,6 +318,11 @@ impl<'c, V> Visit<'c, V> {
         }
     }
 
+    /// A YAML 1.1 boolean word (`yes`, `off`) written where the model asks for a boolean.
+    fn written_bool(&self, value: &str) -> Option<bool> {
+        (self.role == Role::Value && self.hint == Hint::Bool).then(|| yaml_bool(value.trim())).flatten()
+    }
+
     /// Hands an interpolated string on as the type the model asked for.
     fn typed<'de, E: de::Error>(self, text: String) -> Result<V::Value, E>
     where
@@ -313,7 +340,7 @@ impl<'c, V> Visit<'c, V> {
                 Ok(value) => self.visitor.visit_f64(value),
                 Err(_) => self.visitor.visit_string(text),
             },
-            Hint::Bool => match parse_bool(trimmed) {
+            Hint::Bool => match yaml_bool(trimmed) {
                 Some(value) => self.visitor.visit_bool(value),
                 None => self.visitor.visit_string(text),
             },
@@ -336,6 +363,7 @@ impl<'c, V> Visit<'c, V> {
     }
 }
 
+/// YAML 1.2's booleans (what serde_norway reads as a boolean).
 fn parse_bool(text: &str) -> Option<bool> {
     match text {
         "true" | "True" | "TRUE" => Some(true),
@@ -344,14 +372,20 @@ fn parse_bool(text: &str) -> Option<bool> {
     }
 }
 
+/// YAML 1.1's booleans, as PyYAML reads them, for fields that are booleans.
+fn yaml_bool(text: &str) -> Option<bool> {
+    parse_bool(text).or(match text {
+        "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Some(true),
+        "no" | "No" | "NO" | "off" | "Off" | "OFF" => Some(false),
+        _ => None,
+    })
+}
+
 macro_rules! pass_scalar {
     ($($method:ident($ty:ty)),* $(,)?) => {
         $(
             fn $method<E: de::Error>(self, value: $ty) -> Result<V::Value, E> {
                 self.key(value);
-                if self.hint == Hint::Str && self.scope.from_value {
-                    return self.visitor.visit_string(value.to_string());
-                }
                 self.visitor.$method(value)
             }
         )*
@@ -374,21 +408,30 @@ impl<'de, 'c, V: Visitor<'de>> Visitor<'de> for Visit<'c, V> {
     fn visit_str<E: de::Error>(self, value: &str) -> Result<V::Value, E> {
         match self.interpolated(value) {
             Some(text) => self.typed(text),
-            None => self.visitor.visit_str(value),
+            None => match self.written_bool(value) {
+                Some(flag) => self.visitor.visit_bool(flag),
+                None => self.visitor.visit_str(value),
+            },
         }
     }
 
     fn visit_borrowed_str<E: de::Error>(self, value: &'de str) -> Result<V::Value, E> {
         match self.interpolated(value) {
             Some(text) => self.typed(text),
-            None => self.visitor.visit_borrowed_str(value),
+            None => match self.written_bool(value) {
+                Some(flag) => self.visitor.visit_bool(flag),
+                None => self.visitor.visit_borrowed_str(value),
+            },
         }
     }
 
     fn visit_string<E: de::Error>(self, value: String) -> Result<V::Value, E> {
         match self.interpolated(&value) {
             Some(text) => self.typed(text),
-            None => self.visitor.visit_string(value),
+            None => match self.written_bool(&value) {
+                Some(flag) => self.visitor.visit_bool(flag),
+                None => self.visitor.visit_string(value),
+            },
         }
     }
 

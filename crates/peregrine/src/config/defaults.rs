@@ -58,9 +58,10 @@ pub(crate) fn checkpoint_file(agent_data_dir: &Path) -> PathBuf {
     agent_data_dir.join("checkpoints").join("peregrine.db")
 }
 
-/// The timezone when `system.timezone` is not set: `TZ` when it names one, else UTC.
+/// The timezone when `system.timezone` is not set: `TZ` when it names one (a zone file such as
+/// `:/etc/localtime` through its link), else UTC.
 pub(crate) fn timezone(env: EnvLookup<'_>) -> chrono_tz::Tz {
-    env("TZ").and_then(|tz| Timezone::parse(&tz)).unwrap_or(chrono_tz::UTC)
+    env("TZ").and_then(|tz| Timezone::resolve(&tz).ok()).unwrap_or(chrono_tz::UTC)
 }
 
 /// `~` or `~/…` with the home directory; `None` for other paths or without `HOME`.

@@ -1,11 +1,12 @@
 //! Which file to load (`--config`, `PEREGRINE_CONFIG`, `CONFIG_FILE`, `./config.yml`) and the
-//! `.env` beside it, read without touching the process environment.
+//! `.env` files (the working directory's and the config file's), read without touching the
+//! process environment.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::ConfigError;
 use super::de::EnvLookup;
+use super::{ConfigError, dotenv};
 
 /// The file to load, or `None` for the embedded defaults. A file named explicitly (by
 /// `--config` or a variable) must exist; `./config.yml` is optional.
@@ -36,50 +37,30 @@ pub(crate) fn find(explicit: Option<&Path>, working_dir: &Path, env: EnvLookup<'
     Ok(default.is_file().then_some(default))
 }
 
-/// The variables of a `.env` file (none when it does not exist). Like upstream's
-/// `load_dotenv(override=True)` its values win over the environment; unlike it, the process
-/// environment is not changed. A `${VAR}` inside a `.env` value is expanded by dotenvy against
-/// the process environment and earlier lines of the file.
-pub(crate) fn read_dotenv(path: &Path) -> Result<HashMap<String, String>, ConfigError> {
+/// The variables of a `.env` file (none when it does not exist), parsed as python-dotenv does
+/// (see [`super::dotenv`]); `${VAR}` in a value resolves to the file's earlier lines, then to
+/// `outer`. Like upstream's `load_dotenv(override=True)` the values win over the environment;
+/// unlike it, the process environment is not changed.
+pub(crate) fn read_dotenv(path: &Path, outer: EnvLookup<'_>) -> Result<HashMap<String, String>, ConfigError> {
     if !path.is_file() {
         return Ok(HashMap::new());
     }
-    let failure = |line: Option<usize>, column: Option<usize>, message: String| ConfigError {
-        file: Some(path.to_owned()),
-        line,
-        column,
-        key: None,
-        message,
-    };
-    let entries = dotenvy::from_path_iter(path).map_err(|error| failure(None, None, format!("cannot read the .env file: {error}")))?;
-    let mut variables = HashMap::new();
-    for entry in entries {
-        match entry {
-            Ok((name, value)) => {
-                variables.insert(name, value);
-            }
-            Err(dotenvy::Error::LineParse(text, index)) => {
-                // The message must not quote the line: it may hold a secret.
-                let line = std::fs::read_to_string(path).ok().and_then(|content| line_of(&content, &text));
-                return Err(failure(
-                    line,
-                    Some(index + 1),
-                    "cannot parse this .env line; expected NAME=value (quote values with spaces, close every quote)".to_owned(),
-                ));
-            }
-            Err(error) => return Err(failure(None, None, format!("cannot read the .env file: {error}"))),
-        }
-    }
-    Ok(variables)
+    let failure =
+        |line: Option<usize>, message: String| ConfigError { file: Some(path.to_owned()), line, column: None, key: None, message };
+    let content = std::fs::read_to_string(path).map_err(|error| failure(None, format!("cannot read the .env file: {error}")))?;
+    let content = content.strip_prefix('\u{feff}').unwrap_or(&content);
+    // The message never quotes the line: it may hold a secret.
+    let entries = dotenv::parse(content, outer)
+        .map_err(|error| failure(Some(error.line), format!("cannot parse the .env entry starting on this line: {}", error.message)))?;
+    Ok(entries.into_iter().collect())
 }
 
-/// The 1-based line where the logical line `text` (as dotenvy reports it) starts.
-fn line_of(content: &str, text: &str) -> Option<usize> {
-    let first = text.lines().next().unwrap_or_default().trim_end();
-    if first.is_empty() {
-        return None;
+/// Whether two paths name the same file (so that one `.env` is not read twice).
+pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
     }
-    content.lines().position(|line| line.trim_end_matches('\r').starts_with(first)).map(|index| index + 1)
 }
 
 #[cfg(test)]
@@ -118,9 +99,10 @@ mod tests {
     fn dotenv_is_read_without_touching_the_environment() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join(".env");
-        assert!(read_dotenv(&path).expect("absent is empty").is_empty());
+        let none = |_: &str| None;
+        assert!(read_dotenv(&path, &none).expect("absent is empty").is_empty());
         std::fs::write(&path, "# keys\nPEREGRINE_TEST_DOTENV_ONLY=from-dotenv\nQUOTED=\"a b\"\n").expect("write");
-        let variables = read_dotenv(&path).expect("parses");
+        let variables = read_dotenv(&path, &none).expect("parses");
         assert_eq!(variables.get("PEREGRINE_TEST_DOTENV_ONLY").map(String::as_str), Some("from-dotenv"));
         assert_eq!(variables.get("QUOTED").map(String::as_str), Some("a b"));
         assert!(std::env::var_os("PEREGRINE_TEST_DOTENV_ONLY").is_none());
@@ -131,12 +113,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join(".env");
         std::fs::write(&path, "GOOD=1\n# comment\nOPENAI_API_KEY=\"sk-unterminated\n").expect("write");
-        let error = read_dotenv(&path).expect_err("unterminated quote");
+        let none = |_: &str| None;
+        let error = read_dotenv(&path, &none).expect_err("unterminated quote");
         assert_eq!(error.file.as_deref(), Some(path.as_path()));
         assert_eq!(error.line, Some(3), "{error}");
         assert!(!error.to_string().contains("sk-unterminated"), "{error}");
         std::fs::write(&path, "GOOD=1\nnot a variable line\n").expect("write");
-        let error = read_dotenv(&path).expect_err("no =");
+        let error = read_dotenv(&path, &none).expect_err("no =");
         assert_eq!(error.line, Some(2), "{error}");
     }
 }

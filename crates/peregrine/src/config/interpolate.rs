@@ -1,36 +1,57 @@
-//! `${VAR}`, `${VAR:-default}` and `$VAR` in one string value, and what counts as a secret
-//! (variable and key names, passwords inside URLs).
+//! `${VAR}`, `${VAR:-default}` and `$VAR` in one string value of `config.yml`, `$$` for a literal
+//! `$`, and what counts as a secret (variable and key names, passwords inside URLs and
+//! PostgreSQL connection strings).
 //!
 //! Differences from upstream, on purpose: `${VAR:-default}` uses the default when `VAR` is unset
-//! *or empty* (as a shell does; upstream's `os.environ.get` keeps an empty value), and a
-//! substituted value is not expanded again (upstream runs its `$VAR` pass over the result of the
-//! `${VAR}` pass, so a password containing `$x` was mangled).
+//! *or empty* (as a shell does; upstream's `os.environ.get` keeps an empty value); a default may
+//! itself hold references (`${A:-${B:-x}}`, resolved only when used); `$$` is a literal `$` (so
+//! that a secret containing `$` can be written as is); and a substituted value is not expanded
+//! again (upstream runs its `$VAR` pass over the result of the `${VAR}` pass, so a password
+//! containing `$x` was mangled).
+
+use super::dsn;
 
 /// The result of interpolating one string.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Interpolated {
     /// The text with every resolvable reference replaced.
     pub text: String,
-    /// Whether anything was replaced.
+    /// Whether anything was replaced (`$$` included).
     pub changed: bool,
     /// References left as written because their variable is not set (`${VAR}` or `$VAR`).
     pub unresolved: Vec<String>,
     /// `(variable, substituted value)` for every replaced reference (defaults included).
     pub substituted: Vec<(String, String)>,
+    /// Whether a `${` has no closing `}` (kept as written).
+    pub unterminated: bool,
 }
 
 /// Interpolates `input` with `env`; unresolved references are kept verbatim.
 pub(crate) fn interpolate(input: &str, env: &dyn Fn(&str) -> Option<String>) -> Interpolated {
-    let mut out =
-        Interpolated { text: String::with_capacity(input.len()), changed: false, unresolved: Vec::new(), substituted: Vec::new() };
+    let mut out = Interpolated {
+        text: String::with_capacity(input.len()),
+        changed: false,
+        unresolved: Vec::new(),
+        substituted: Vec::new(),
+        unterminated: false,
+    };
+    interpolate_into(input, env, &mut out);
+    out
+}
+
+fn interpolate_into(input: &str, env: &dyn Fn(&str) -> Option<String>, out: &mut Interpolated) {
     let mut rest = input;
     while let Some(dollar) = rest.find('$') {
         out.text.push_str(&rest[..dollar]);
         let after = &rest[dollar + 1..];
-        let consumed = if let Some(braced) = after.strip_prefix('{') {
-            braced_reference(braced, env, &mut out)
+        let consumed = if after.starts_with('$') {
+            out.text.push('$');
+            out.changed = true;
+            Some(1)
+        } else if let Some(braced) = after.strip_prefix('{') {
+            braced_reference(braced, env, out)
         } else {
-            bare_reference(after, env, &mut out)
+            bare_reference(after, env, out)
         };
         match consumed {
             Some(length) => rest = &after[length..],
@@ -41,13 +62,35 @@ pub(crate) fn interpolate(input: &str, env: &dyn Fn(&str) -> Option<String>) -> 
         }
     }
     out.text.push_str(rest);
-    out
+}
+
+/// The index of the `}` closing a `${` whose content starts `braced`, skipping nested `${…}`.
+fn closing_brace(braced: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    let bytes = braced.as_bytes();
+    let mut index = 0;
+    while index < bytes.len() {
+        match bytes[index] {
+            b'$' if bytes.get(index + 1) == Some(&b'{') => {
+                depth += 1;
+                index += 1;
+            }
+            b'}' if depth == 0 => return Some(index),
+            b'}' => depth -= 1,
+            _ => {}
+        }
+        index += 1;
+    }
+    None
 }
 
 /// `${NAME}` or `${NAME:-default}` (after the `$`); returns the bytes consumed after the `$`, or
-/// `None` when this is not a reference (kept as written, no warning).
+/// `None` when this is not a reference (kept as written; an unclosed `${` is flagged).
 fn braced_reference(braced: &str, env: &dyn Fn(&str) -> Option<String>, out: &mut Interpolated) -> Option<usize> {
-    let close = braced.find('}')?;
+    let Some(close) = closing_brace(braced) else {
+        out.unterminated = true;
+        return None;
+    };
     let expression = &braced[..close];
     let (name, default) = match expression.split_once(":-") {
         Some((name, default)) => (name, Some(default)),
@@ -56,16 +99,18 @@ fn braced_reference(braced: &str, env: &dyn Fn(&str) -> Option<String>, out: &mu
     if !is_variable_name(name) {
         return None;
     }
-    let value = env(name);
-    let chosen = match (value, default) {
-        (Some(value), None) => Some(value),
-        (Some(value), Some(_)) if !value.is_empty() => Some(value),
-        (_, Some(default)) => Some(default.to_owned()),
-        (None, None) => None,
-    };
-    match chosen {
-        Some(value) => substitute(name, value, out),
-        None => {
+    match (env(name), default) {
+        (Some(value), None) => substitute(name, value, out),
+        (Some(value), Some(_)) if !value.is_empty() => substitute(name, value, out),
+        (_, Some(default)) => {
+            // The default may hold references of its own, resolved now that it is used.
+            let mut inner = interpolate(default, env);
+            out.unresolved.append(&mut inner.unresolved);
+            out.substituted.append(&mut inner.substituted);
+            out.unterminated |= inner.unterminated;
+            substitute(name, inner.text, out);
+        }
+        (None, None) => {
             let written = format!("${{{name}}}");
             out.text.push_str(&written);
             out.unresolved.push(written);
@@ -95,6 +140,19 @@ fn bare_reference(after: &str, env: &dyn Fn(&str) -> Option<String>, out: &mut I
     Some(length)
 }
 
+/// Whether `raw` is nothing but `${…}` references (and blanks): a placeholder that holds no
+/// secret of its own even under a secret key.
+pub(crate) fn only_braced_references(raw: &str) -> bool {
+    let mut rest = raw.trim();
+    while let Some(braced) = rest.strip_prefix("${") {
+        match closing_brace(braced) {
+            Some(close) => rest = braced[close + 1..].trim_start(),
+            None => return false,
+        }
+    }
+    rest.is_empty() && !raw.trim().is_empty()
+}
+
 fn substitute(name: &str, value: String, out: &mut Interpolated) {
     out.text.push_str(&value);
     out.changed = true;
@@ -116,6 +174,13 @@ pub(crate) fn is_secret_name(name: &str) -> bool {
     })
 }
 
+/// Whether a variable names a connection URL (`DATABASE_URL`, `PG_DSN`): its value is a secret
+/// when it holds a password.
+pub(crate) fn is_url_name(name: &str) -> bool {
+    let last = name.rsplit(['_', '-', '.']).next().unwrap_or_default().to_ascii_uppercase();
+    name.contains(['_', '-', '.']) && ["URL", "DSN", "URI"].contains(&last.as_str())
+}
+
 /// Whether an API key is a placeholder rather than a secret: the provider's own name (Osprey
 /// writes `api_key: ollama`) or a conventional dummy value. Placeholders are still shown as
 /// `***`, but are not scrubbed from every message (that would hide the word `ollama`).
@@ -128,9 +193,15 @@ pub(crate) fn is_placeholder_key(provider: &str, value: &str) -> bool {
 }
 
 /// The passwords inside a URL: `scheme://user:PASSWORD@host…` and `password=VALUE` query
-/// parameters.
+/// parameters, and those of a PostgreSQL connection string (URL or `key=value` form, as
+/// tokio-postgres reads it, both as written and decoded).
 pub(crate) fn url_passwords(text: &str) -> Vec<String> {
     let mut found = Vec::new();
+    if dsn::looks_like(text)
+        && let Ok(parsed) = dsn::parse(text)
+    {
+        return parsed.secrets();
+    }
     if let Some((_, after_scheme)) = text.split_once("://") {
         let authority = after_scheme.split(['/', '?', '#']).next().unwrap_or_default();
         if let Some((userinfo, _)) = authority.rsplit_once('@')
@@ -153,13 +224,39 @@ pub(crate) fn url_passwords(text: &str) -> Vec<String> {
     found
 }
 
-/// `text` with the passwords of a URL replaced by `***` (for showing an endpoint).
+/// `text` with the passwords of a URL replaced by `***` where they are written (for showing an
+/// endpoint; a short password does not garble the rest of the URL).
 pub(crate) fn hide_url_passwords(text: &str) -> String {
-    let mut out = text.to_owned();
-    for password in url_passwords(text) {
-        out = out.replace(&password, "***");
+    if dsn::looks_like(text) {
+        return dsn::masked(text);
     }
-    out
+    let Some(scheme_end) = text.find("://").map(|index| index + 3) else {
+        return text.to_owned();
+    };
+    let mut spans = Vec::new();
+    let after_scheme = &text[scheme_end..];
+    let authority = after_scheme.split(['/', '?', '#']).next().unwrap_or_default();
+    if let Some((userinfo, _)) = authority.rsplit_once('@')
+        && let Some(colon) = userinfo.find(':')
+        && colon + 1 < userinfo.len()
+    {
+        spans.push(scheme_end + colon + 1..scheme_end + userinfo.len());
+    }
+    if let Some(question) = after_scheme.find('?') {
+        let query_start = scheme_end + question + 1;
+        let query_end = text[query_start..].find('#').map_or(text.len(), |hash| query_start + hash);
+        let mut offset = query_start;
+        for pair in text[query_start..query_end].split(['&', ';']) {
+            if let Some((name, value)) = pair.split_once('=')
+                && is_secret_name(name)
+                && !value.is_empty()
+            {
+                spans.push(offset + name.len() + 1..offset + pair.len());
+            }
+            offset += pair.len() + 1;
+        }
+    }
+    dsn::mask_spans(text, &spans)
 }
 
 #[cfg(test)]
@@ -186,7 +283,7 @@ mod tests {
             ("${MISSING}", "${MISSING}", &["${MISSING}"]),
             ("$MISSING and ${ALSO}", "$MISSING and ${ALSO}", &["$MISSING", "${ALSO}"]),
             ("${HOME:-x}${MISSING:-}", "/home/op", &[]),
-            ("cost: $5, ${ not a ref}, ${unclosed", "cost: $5, ${ not a ref}, ${unclosed", &[]),
+            ("cost: $5, ${ not a ref}", "cost: $5, ${ not a ref}", &[]),
             ("${DOLLAR}", "pa$word", &[]),
             ("trailing $", "trailing $", &[]),
         ];
@@ -195,7 +292,31 @@ mod tests {
             assert_eq!(result.text, *expected, "{input}");
             assert_eq!(result.unresolved, *unresolved, "{input}");
             assert_eq!(result.changed, input != expected, "{input}");
+            assert!(!result.unterminated, "{input}");
         }
+    }
+
+    #[test]
+    fn dollars_nested_defaults_and_unclosed_references() {
+        let cases: &[(&str, &str, &[&str])] = &[
+            ("sk-abc$$def", "sk-abc$def", &[]),
+            ("$$HOME and $$", "$HOME and $", &[]),
+            ("${MISSING:-${HOME}/x}", "/home/op/x", &[]),
+            ("${MISSING:-${ALSO:-deep}}", "deep", &[]),
+            ("${MISSING:-${ALSO}}", "${ALSO}", &["${ALSO}"]),
+            ("${HOME:-${ALSO}}", "/home/op", &[]),
+            ("${MISSING:-$$}", "$", &[]),
+        ];
+        for (input, expected, unresolved) in cases {
+            let result = interpolate(input, &env);
+            assert_eq!(result.text, *expected, "{input}");
+            assert_eq!(result.unresolved, *unresolved, "{input}");
+            assert!(result.changed && !result.unterminated, "{input}");
+        }
+        let unclosed = interpolate("${unclosed and ${HOME}", &env);
+        assert!(unclosed.unterminated);
+        assert_eq!(unclosed.text, "${unclosed and /home/op");
+        assert!(only_braced_references("${A} ${B:-x}") && !only_braced_references("sk-${A}") && !only_braced_references("$A"));
     }
 
     #[test]
@@ -206,6 +327,12 @@ mod tests {
         for name in ["MAX_TOKENS", "max_tokens", "TZ", "HOME", "base_url", "KEYBOARD_LAYOUT"] {
             assert!(!is_secret_name(name), "{name}");
         }
+        for name in ["DATABASE_URL", "PG_DSN", "database_url", "MONGO_URI"] {
+            assert!(is_url_name(name), "{name}");
+        }
+        for name in ["URL", "CURL", "BASE_URLS", "HOME"] {
+            assert!(!is_url_name(name), "{name}");
+        }
     }
 
     #[test]
@@ -215,5 +342,11 @@ mod tests {
         assert!(url_passwords("https://api.openai.com/v1").is_empty());
         assert!(url_passwords("http://user@host/x").is_empty());
         assert_eq!(hide_url_passwords("postgres://app:s3cret@db/p"), "postgres://app:***@db/p");
+        assert_eq!(url_passwords("host=db password=hunter2 user=a"), ["hunter2"]);
+        assert_eq!(url_passwords("postgres://app:pa#ss?w0rd@db/x"), ["pa#ss?w0rd"]);
+        assert_eq!(
+            hide_url_passwords("https://u:a@gateway.example/v1?x=1&api_key=k&a=b"),
+            "https://u:***@gateway.example/v1?x=1&api_key=***&a=b"
+        );
     }
 }

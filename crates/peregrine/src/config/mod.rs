@@ -1,25 +1,36 @@
 //! `config.yml`: discovery (`--config`, `PEREGRINE_CONFIG`, `CONFIG_FILE`, `./config.yml`),
-//! `.env`, `${VAR}` / `${VAR:-default}` / `$VAR` interpolation, the Osprey 0.11 keys Peregrine
-//! uses, Peregrine's own keys (`checkpointer`, `logging.file`, …), and the embedded defaults
-//! used when there is no file: SQLite in the agent data directory and the local model.
+//! `.env`, `${VAR}` / `${VAR:-default}` / `$VAR` interpolation (`$$` is a literal `$`), the
+//! Osprey 0.11 keys Peregrine uses, Peregrine's own keys (`checkpointer`, `logging.file`, …),
+//! and the embedded defaults used when there is no file: SQLite in the agent data directory and
+//! the local model.
 //!
 //! Loading is [`Config::load`] (process environment, working directory) over a testable core
 //! that takes both as parameters: [`Config::load_with`], [`Config::from_file`],
-//! [`Config::from_text`], [`Config::embedded_with`]. Variables resolve from the `.env` next to
-//! the file first (upstream's `override=True`), then the environment. The parts:
-//! `discovery` (which file, `.env`), `de` (interpolation during deserialization, and why it is
-//! done there), `raw` (the serde model of the file), `build` (validation, errors, mapping into
-//! `LlmConfig` / `AgentSettings`), `lines` (the line of a dotted key), `defaults`, `show` (the
-//! effective configuration for `config show`). Secrets (API keys, URL passwords, values of
-//! variables named `*_KEY`, `*_TOKEN`, `*_SECRET`, `*_PASSWORD`) are collected while loading;
-//! errors, `Debug`, [`Config::redacted`] and [`Config::redact`] hide them.
+//! [`Config::from_text`], [`Config::embedded_with`]. Two `.env` files are read, as python-dotenv
+//! reads them: the working directory's (where upstream's `load_dotenv()` looks), then the one
+//! beside the config file, which wins where both set a name; both win over the environment
+//! (upstream's `override=True`). The parts: `discovery` (which file, which `.env`), `dotenv`
+//! (the `.env` syntax), `de` (interpolation during deserialization, and why it is done there),
+//! `merge` (`<<` merge keys), `raw` (the serde model of the file), `build` (validation, mapping
+//! into `LlmConfig` / `AgentSettings`), `errors` (serde's errors in the words of a config file),
+//! `checks` and `dsn` (values `run` would refuse), `lines` (the line of a dotted key),
+//! `defaults`, `show` (the effective configuration for `config show`). Secrets (API keys, URL
+//! and PostgreSQL passwords, values of variables named `*_KEY`, `*_TOKEN`, `*_SECRET`,
+//! `*_PASSWORD`, and `*_URL` / `*_DSN` values holding a password) are collected while loading;
+//! errors, `Debug`, [`Config::redacted`] and [`Config::redact`] hide them (in free text, those
+//! of at least six characters: see `MIN_SCRUBBED_LEN`).
 
 mod build;
+mod checks;
 mod de;
 mod defaults;
 mod discovery;
+mod dotenv;
+mod dsn;
+mod errors;
 mod interpolate;
 mod lines;
+mod merge;
 mod raw;
 mod show;
 
@@ -124,6 +135,7 @@ impl fmt::Debug for Config {
             llm: &'a LlmConfig,
             settings: &'a AgentSettings,
             checkpointer: &'a CheckpointerConfig,
+            capabilities: &'a CapabilitiesConfig,
             logging: &'a LoggingConfig,
             development: &'a DevelopmentConfig,
             ignored_keys: &'a Vec<String>,
@@ -136,6 +148,7 @@ impl fmt::Debug for Config {
             llm: &self.llm,
             settings: &self.settings,
             checkpointer: &self.checkpointer,
+            capabilities: &self.capabilities,
             logging: &self.logging,
             development: &self.development,
             ignored_keys: &self.ignored_keys,
@@ -157,16 +170,23 @@ impl fmt::Debug for Secrets {
     }
 }
 
+/// The shortest secret scrubbed from free text. A shorter one (a one-letter test password, an
+/// `api_key: x`) would turn every occurrence of its letters into `***` (`local` into
+/// `loc***l`), garbling paths and messages while hiding nothing worth hiding; the fields that
+/// hold secrets (`api_key`, a URL's password) are masked by `config show` and `Debug` whatever
+/// their length, and an error about a secret key never quotes its value.
+const MIN_SCRUBBED_LEN: usize = 6;
+
 impl Secrets {
     /// `text` with every secret replaced by `***`.
     pub(crate) fn redact(&self, text: &str) -> String {
         Self::redact_with(&self.0, text)
     }
 
-    /// `text` with every one of `secrets` replaced by `***` (longest first, so that a secret
-    /// containing another is hidden whole).
+    /// `text` with every one of `secrets` of at least [`MIN_SCRUBBED_LEN`] characters replaced
+    /// by `***` (longest first, so that a secret containing another is hidden whole).
     pub(crate) fn redact_with(secrets: &[String], text: &str) -> String {
-        let mut ordered: Vec<&String> = secrets.iter().filter(|secret| !secret.is_empty()).collect();
+        let mut ordered: Vec<&String> = secrets.iter().filter(|secret| secret.chars().count() >= MIN_SCRUBBED_LEN).collect();
         ordered.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
         let mut out = text.to_owned();
         for secret in ordered {
@@ -239,15 +259,21 @@ impl Config {
     }
 
     /// [`Config::load`] with the working directory and environment given (for tests and
-    /// embedding): discovery, the `.env` beside the file (its values win over `env`), parsing.
+    /// embedding): discovery, the working directory's `.env`, the `.env` beside the file (it
+    /// wins over the working directory's; both win over `env`), parsing.
     pub fn load_with(options: &LoadOptions, working_dir: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        match discovery::find(options.explicit.as_deref(), working_dir, env)? {
-            Some(path) => Self::from_file(&path, env),
-            None => {
-                let dotenv = discovery::read_dotenv(&working_dir.join(".env"))?;
-                let lookup = |name: &str| dotenv.get(name).cloned().or_else(|| env(name));
-                Ok(Self::embedded_with(working_dir, &lookup))
-            }
+        let found = discovery::find(options.explicit.as_deref(), working_dir, env)?;
+        let working_dotenv = working_dir.join(".env");
+        // One .env read twice would expand its own values twice (`HOME=${HOME}/x`).
+        let beside_file = found.as_deref().map(|path| config_dir(path).join(".env"));
+        let dotenv = match &beside_file {
+            Some(beside) if discovery::same_file(beside, &working_dotenv) => Default::default(),
+            _ => discovery::read_dotenv(&working_dotenv, env)?,
+        };
+        let lookup = |name: &str| dotenv.get(name).cloned().or_else(|| env(name));
+        match found {
+            Some(path) => Self::from_file(&path, &lookup),
+            None => Ok(Self::embedded_with(working_dir, &lookup)),
         }
     }
 
@@ -261,14 +287,15 @@ impl Config {
             key: None,
             message: format!("cannot read the configuration file: {error}"),
         })?;
-        let dir = path.parent().filter(|dir| !dir.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let dotenv = discovery::read_dotenv(&dir.join(".env"))?;
+        let dotenv = discovery::read_dotenv(&config_dir(path).join(".env"), env)?;
         let lookup = |name: &str| dotenv.get(name).cloned().or_else(|| env(name));
         Self::from_text(&text, path, &lookup)
     }
 
     /// Parses the text of a config file named `path` (used in errors and as the base of
-    /// relative paths), resolving `${VAR}` with `env`. Reads no file and no environment.
+    /// relative paths), resolving `${VAR}` with `env`. Reads no file and no environment (it
+    /// only looks whether `logging.file`'s directory exists, and reads the link a `TZ` such as
+    /// `:/etc/localtime` names).
     pub fn from_text(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         build::parse(text, path, env)
     }
@@ -276,7 +303,7 @@ impl Config {
     /// The embedded defaults, with the process environment and the `.env` of `project_dir`
     /// (a `.env` that cannot be parsed is skipped with a warning).
     pub fn embedded(project_dir: &Path) -> Self {
-        match discovery::read_dotenv(&project_dir.join(".env")) {
+        match discovery::read_dotenv(&project_dir.join(".env"), &process_env) {
             Ok(dotenv) => {
                 let lookup = |name: &str| dotenv.get(name).cloned().or_else(|| process_env(name));
                 Self::embedded_with(project_dir, &lookup)
@@ -336,10 +363,24 @@ impl Config {
     pub fn redact(&self, text: &str) -> String {
         self.secrets.redact(text)
     }
+
+    /// Whether the models are the embedded defaults' (the small local model for every role): no
+    /// config file, or one without `models`. Such a run gets the embedded profile (task
+    /// extraction bypassed, built-in capabilities left out, unless the file says otherwise) and
+    /// should answer with a prompt the small model can follow. Computed from [`Config::llm`], so
+    /// it stays true to models set after loading.
+    pub fn uses_embedded_model(&self) -> bool {
+        self.llm.models.len() == 1 && self.llm.models.get("default") == Some(&defaults::model())
+    }
 }
 
 fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()
+}
+
+/// The directory of a config file (relative paths and its `.env` are there).
+fn config_dir(path: &Path) -> &Path {
+    path.parent().filter(|dir| !dir.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
 #[cfg(test)]
@@ -404,6 +445,8 @@ api:
   providers:
     openai:
       api_key: sk-literal-0123456789
+    unused-gateway:
+      protocol: openai
       base_url: https://user:url-pass-4242@gateway.example/v1
     other:
       protocol: openai
@@ -422,7 +465,8 @@ models:
         }
         assert!(shown.contains("https://user:***@gateway.example/v1"), "{shown}");
         assert!(shown.contains("${OTHER_API_KEY}"), "the unset variable is named in the warning: {shown}");
-        assert!(debug.contains("Secrets(3 hidden)"), "{debug}");
+        // The three values, and the URL holding a password as a whole.
+        assert!(debug.contains("Secrets(4 hidden)"), "{debug}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::Path;
 
 use peregrine_agent::ClassifierMode;
 use peregrine_core::{ApprovalConfig, ExecutionLimits};
@@ -353,16 +354,57 @@ impl<'de> Deserialize<'de> for Temperature {
 }
 
 /// An IANA timezone (`system.timezone`). Also takes the forms a `TZ` variable may hold:
-/// `:America/Chicago` and `/usr/share/zoneinfo/America/Chicago`.
+/// `:America/Chicago`, `/usr/share/zoneinfo/America/Chicago`, and a zone file such as
+/// `:/etc/localtime`, whose name is read from the link it is (`…/zoneinfo/Europe/Paris`). A zone
+/// file that is not such a link cannot be named: UTC is used, and the caller warns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Timezone {
+    /// The zone.
+    pub zone: chrono_tz::Tz,
+    /// The zone file given, when it could not be read and `zone` is UTC instead.
+    pub unreadable_file: Option<String>,
+}
+
+/// Why a timezone text names no zone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Timezone(pub chrono_tz::Tz);
+pub(crate) enum TimezoneProblem {
+    /// Not a name chrono-tz knows.
+    Unknown,
+    /// A path to a zone file that is not a link into a `zoneinfo` directory.
+    UnreadableFile,
+}
 
 impl Timezone {
-    pub fn parse(text: &str) -> Option<chrono_tz::Tz> {
+    /// The zone `text` names.
+    pub fn resolve(text: &str) -> Result<chrono_tz::Tz, TimezoneProblem> {
         let name = text.trim().trim_start_matches(':');
-        let name = name.rsplit_once("zoneinfo/").map_or(name, |(_, name)| name);
-        name.parse().ok()
+        if let Some(zone) = zoneinfo_name(name) {
+            return zone.parse().map_err(|_| TimezoneProblem::Unknown);
+        }
+        if name.starts_with('/') {
+            return zone_of_link(Path::new(name)).ok_or(TimezoneProblem::UnreadableFile);
+        }
+        name.parse().map_err(|_| TimezoneProblem::Unknown)
     }
+}
+
+/// `Europe/Paris` of `/usr/share/zoneinfo/Europe/Paris` (or of `…/zoneinfo/posix/Europe/Paris`).
+fn zoneinfo_name(path: &str) -> Option<&str> {
+    let (_, name) = path.rsplit_once("zoneinfo/")?;
+    Some(name.strip_prefix("posix/").or_else(|| name.strip_prefix("right/")).unwrap_or(name))
+}
+
+/// The zone of a zone file that is a link (followed a few hops) into a `zoneinfo` directory.
+fn zone_of_link(path: &Path) -> Option<chrono_tz::Tz> {
+    let mut current = path.to_owned();
+    for _ in 0..8 {
+        let target = std::fs::read_link(&current).ok()?;
+        if let Some(zone) = target.to_str().and_then(zoneinfo_name).and_then(|name| name.parse().ok()) {
+            return Some(zone);
+        }
+        current = current.parent().map_or_else(|| target.clone(), |parent| parent.join(&target));
+    }
+    None
 }
 
 impl<'de> Deserialize<'de> for Timezone {
@@ -374,13 +416,47 @@ impl<'de> Deserialize<'de> for Timezone {
                 f.write_str("an IANA timezone name such as America/Los_Angeles, Europe/Berlin or UTC")
             }
             fn visit_str<E: de::Error>(self, value: &str) -> Result<Timezone, E> {
-                Timezone::parse(value).map(Timezone).ok_or_else(|| {
-                    E::custom(format!(
+                match Timezone::resolve(value) {
+                    Ok(zone) => Ok(Timezone { zone, unreadable_file: None }),
+                    Err(TimezoneProblem::UnreadableFile) => {
+                        Ok(Timezone { zone: chrono_tz::UTC, unreadable_file: Some(value.trim().to_owned()) })
+                    }
+                    Err(TimezoneProblem::Unknown) => Err(E::custom(format!(
                         "unknown timezone `{value}`; expected an IANA timezone name such as America/Los_Angeles, Europe/Berlin or UTC"
-                    ))
-                })
+                    ))),
+                }
             }
         }
         deserializer.deserialize_str(Expect)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tz_forms_resolve() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let direct = dir.path().join("direct");
+        std::os::unix::fs::symlink("../usr/share/zoneinfo/posix/Asia/Tokyo", &direct).expect("symlink");
+        let chained = dir.path().join("chained");
+        std::os::unix::fs::symlink(&direct, &chained).expect("symlink");
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "TZif").expect("write");
+        let cases = [
+            ("Europe/Paris".to_owned(), Ok(chrono_tz::Europe::Paris)),
+            (":America/Chicago".to_owned(), Ok(chrono_tz::America::Chicago)),
+            ("/usr/share/zoneinfo/Asia/Tokyo".to_owned(), Ok(chrono_tz::Asia::Tokyo)),
+            (format!(":{}", direct.display()), Ok(chrono_tz::Asia::Tokyo)),
+            (chained.display().to_string(), Ok(chrono_tz::Asia::Tokyo)),
+            (format!(":{}", plain.display()), Err(TimezoneProblem::UnreadableFile)),
+            (":/nonexistent/localtime".to_owned(), Err(TimezoneProblem::UnreadableFile)),
+            ("Mars/Olympus_Mons".to_owned(), Err(TimezoneProblem::Unknown)),
+            ("/usr/share/zoneinfo/Mars/Base".to_owned(), Err(TimezoneProblem::Unknown)),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(Timezone::resolve(&text), expected, "{text}");
+        }
     }
 }

@@ -7,7 +7,7 @@ use peregrine_llm::{ProviderConfig, default_protocol, roles};
 use serde_json::{Map, Value, json};
 
 use super::interpolate::hide_url_passwords;
-use super::{CheckpointerConfig, Config};
+use super::{CheckpointerConfig, Config, dsn};
 
 /// The roles the framework asks models for, shown resolved.
 const ROLES: &[&str] = &[
@@ -115,13 +115,14 @@ fn checkpointer(checkpointer: &CheckpointerConfig) -> Value {
     match checkpointer {
         CheckpointerConfig::Sqlite { path } => json!({"type": "sqlite", "path": path.display().to_string()}),
         CheckpointerConfig::Postgres { url, pool_size } => {
-            json!({"type": "postgres", "url": hide_url_passwords(url.expose()), "pool_size": pool_size.unwrap_or(16)})
+            json!({"type": "postgres", "url": dsn::masked(url.expose()), "pool_size": pool_size.unwrap_or(16)})
         }
         CheckpointerConfig::Memory => json!({"type": "memory"}),
     }
 }
 
-/// Belt and braces: no string of the document may contain a secret.
+/// Belt and braces: no string of the document may contain a secret (of the length that is
+/// scrubbed from free text; the fields that hold secrets are masked above whatever their length).
 fn redact_strings(value: &mut Value, config: &Config) {
     match value {
         Value::String(text) => {

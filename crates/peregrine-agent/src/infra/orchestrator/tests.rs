@@ -483,4 +483,9 @@ async fn a_turn_with_only_respond_and_clarify_is_planned_without_a_model_call() 
     planning.agent_control.planning_mode_enabled = true;
     approval(f.orchestrator.execute(&planning, &ctx()).await.expect("asks"));
     assert_eq!(f.fake.requests_for("ExecutionPlan").len(), 2, "planning mode shows a plan the model wrote");
+    // Context from an earlier turn: the model decides whether respond gets it.
+    let mut with_context = state(&["respond", "clarify"]);
+    with_context.capability_context_data.insert("CURRENT_WEATHER", "weather_prague", ContextEntry::new(json!({"temp": 3}), None));
+    planned(f.orchestrator.execute(&with_context, &ctx()).await.expect("plans"));
+    assert_eq!(f.fake.requests_for("ExecutionPlan").len(), 3, "stored context is offered to the model");
 }

@@ -1,0 +1,73 @@
+//! Checks of single values that `run` would otherwise fail on after `config validate` said the
+//! file was fine: the `logging.level` filter, the `logging.file` directory. (A provider's
+//! `base_url` is checked with `peregrine_llm::http::validate_base_url`, the check the provider
+//! itself makes; `checkpointer.url` with tokio-postgres, see [`super::dsn`].) Each returns what is
+//! wrong, without the key: the caller adds the key and line.
+
+use std::path::Path;
+
+/// The levels a bare word of a filter may be (tracing's names, and its numbers).
+const LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error", "off", "0", "1", "2", "3", "4", "5"];
+
+/// A `tracing` filter as `init_tracing` will build it. tracing reads a bare word that is not a
+/// level as a target (`verbose` would mean "everything from a module called verbose"), which
+/// in a config file is always a mistake, so a bare word must be a level.
+pub(crate) fn log_level(filter: &str) -> Result<(), String> {
+    let usage =
+        "use a level (trace, debug, info, warn, error or off) or comma-separated target=level directives such as peregrine=debug,warn";
+    for directive in filter.split(',').map(str::trim).filter(|directive| !directive.is_empty()) {
+        let bare = !directive.contains(['=', '[', ':']);
+        if bare && !LEVELS.iter().any(|level| level.eq_ignore_ascii_case(directive)) {
+            return Err(format!("`{directive}` is not a level; {usage}"));
+        }
+    }
+    match tracing_subscriber::EnvFilter::try_new(filter) {
+        Ok(_) => Ok(()),
+        Err(error) => Err(format!("`{filter}` is not a filter tracing can read ({error}); {usage}")),
+    }
+}
+
+/// A log file that can be opened for appending: its directory exists and it is not a directory.
+pub(crate) fn log_file(path: &Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err(format!("{} is a directory; name a file in it, such as {}", path.display(), path.join("peregrine.log").display()));
+    }
+    match path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        Some(parent) if !parent.is_dir() => Err(format!(
+            "the directory {} does not exist; create it (mkdir -p {}) or choose a file in an existing directory",
+            parent.display(),
+            parent.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_levels_are_levels_or_directives() {
+        for good in ["info", "WARN", "peregrine=debug,warn", "off", "peregrine_llm=trace", "3", "peregrine[run]=debug"] {
+            assert_eq!(log_level(good), Ok(()), "{good}");
+        }
+        for (bad, says) in [
+            ("verbose", "`verbose` is not a level"),
+            ("debug,chatty", "`chatty` is not a level"),
+            ("peregrine=loud", "not a filter"),
+            ("=debug", "not a filter"),
+            ("warn, peregrine=info", "not a filter"),
+        ] {
+            let message = log_level(bad).expect_err(bad);
+            assert!(message.contains(says) && message.contains("trace, debug, info, warn, error"), "{bad}: {message}");
+        }
+    }
+
+    #[test]
+    fn a_log_file_needs_its_directory() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        assert_eq!(log_file(&dir.path().join("peregrine.log")), Ok(()));
+        assert!(log_file(&dir.path().join("nope/peregrine.log")).expect_err("missing").contains("does not exist"));
+        assert!(log_file(dir.path()).expect_err("a directory").contains("is a directory"));
+    }
+}
