@@ -8,7 +8,7 @@ use std::sync::Arc;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 use crate::app::Application;
-use crate::commands::{chat, config_cmd, health, init, run, threads};
+use crate::commands::{chat, config_cmd, health, init, run, serve, threads};
 use crate::config::{Config, LoadOptions};
 use crate::output::{ColorChoice, Output, Verbosity, init_tracing};
 
@@ -53,6 +53,8 @@ enum Command {
     Chat(chat::ChatArgs),
     /// Run one turn for scripts: prints the answer, or one JSON object per event with --json.
     Run(run::RunArgs),
+    /// Serve the agent over HTTP: the OpenAI-compatible API (/v1/models, /v1/chat/completions).
+    Serve(serve::ServeArgs),
     /// Create a new application project.
     Init(init::InitArgs),
     /// Check the configuration, the providers, the checkpoint store and the local model.
@@ -193,6 +195,7 @@ async fn dispatch(cli: Cli, app: &dyn Application, out: &Output, mut command: cl
     match cli.command {
         Command::Chat(args) => chat::run(&args, &config, app, out).await?,
         Command::Run(args) => return run::run(&args, &config, app, out).await,
+        Command::Serve(args) => serve::run(&args, &config, app, out).await?,
         Command::Health(args) => {
             if !health::run(&args, &config, app, out).await? {
                 return Ok(ExitCode::from(EXIT_FAILURE));

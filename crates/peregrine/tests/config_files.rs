@@ -700,3 +700,23 @@ fn debug_shows_every_section() {
     let config = parse("capabilities:\n  exclude: [memory]\n", &[]).expect("loads");
     assert!(format!("{config:?}").contains("capabilities: CapabilitiesConfig"), "{config:?}");
 }
+
+#[test]
+fn the_server_section_defaults_to_loopback_and_hides_its_keys() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("config.yml");
+    let config = Config::from_text("system:\n  timezone: UTC\n", &path, &env(&[])).expect("loads");
+    assert_eq!((config.server.host.as_str(), config.server.port, config.server.api_keys.len()), ("127.0.0.1", 8000, 0));
+    let text = "server:\n  host: 0.0.0.0\n  port: 9090\n  api_keys:\n    - ${SERVE_KEY}\n    - second-key-123456\n  status_lines: no\n";
+    let config = Config::from_text(text, &path, &env(&[("SERVE_KEY", "first-key-abcdef")])).expect("loads");
+    assert_eq!((config.server.host.as_str(), config.server.port, config.server.status_lines), ("0.0.0.0", 9090, false));
+    assert_eq!(config.server.api_keys.iter().map(|key| key.expose()).collect::<Vec<_>>(), ["first-key-abcdef", "second-key-123456"]);
+    let shown = config.redacted().to_string() + &format!("{config:?}");
+    assert!(!shown.contains("first-key-abcdef") && !shown.contains("second-key-123456"), "{shown}");
+    assert_eq!(config.redact("key second-key-123456 used"), "key *** used");
+    let error = Config::from_text("server:\n  port: 70000\n", &path, &env(&[])).expect_err("not a port");
+    assert_eq!((error.line, error.key.as_deref()), (Some(2), Some("server.port")), "{error}");
+    let error = Config::from_text("server:\n  api_keys:\n    - ${UNSET_SERVE_KEY}\n", &path, &env(&[])).expect_err("unset key");
+    assert_eq!(error.key.as_deref(), Some("server.api_keys"), "{error}");
+    assert!(!error.message.contains("UNSET_SERVE_KEY}") || error.message.contains("not set"), "{error}");
+}

@@ -5,4 +5,5 @@ pub mod config_cmd;
 pub mod health;
 pub mod init;
 pub mod run;
+pub mod serve;
 pub mod threads;

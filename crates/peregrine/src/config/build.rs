@@ -15,10 +15,10 @@ use peregrine_llm::{LlmConfig, ModelConfig, ProviderConfig, Secret, default_prot
 use super::de::{EnvLookup, Interpolating, Scope, Unresolved, Walk};
 use super::errors::{deserialize_error, typo_hints, unset_message, yaml_error};
 use super::lines::key_position;
-use super::raw::{CheckpointerKind, OrchestrationMode, RawCapabilities, RawCheckpointer, RawConfig, RawLogging, RawProvider};
+use super::raw::{CheckpointerKind, OrchestrationMode, RawCapabilities, RawCheckpointer, RawConfig, RawLogging, RawProvider, RawServer};
 use super::{
-    BUILTIN_CAPABILITIES, CapabilitiesConfig, CheckpointerConfig, Config, ConfigError, DevelopmentConfig, LoggingConfig, Secrets, checks,
-    defaults, dsn, merge,
+    BUILTIN_CAPABILITIES, CapabilitiesConfig, CheckpointerConfig, Config, ConfigError, DevelopmentConfig, LoggingConfig, Secrets,
+    ServerConfig, checks, defaults, dsn, merge,
 };
 
 /// Provider names with a built-in protocol (see `peregrine_llm::default_protocol`).
@@ -111,6 +111,7 @@ impl Build<'_> {
         let settings = self.settings(&raw, embedded_model)?;
         let checkpointer = self.checkpointer(raw.checkpointer, &settings.agent_data_dir)?;
         let capabilities = self.capabilities(raw.capabilities, embedded_model)?;
+        let server = self.server(raw.server)?;
         let logging = self.logging(raw.logging.unwrap_or_default())?;
         let development = raw.development.unwrap_or_default();
         let development = DevelopmentConfig {
@@ -124,11 +125,41 @@ impl Build<'_> {
             settings,
             checkpointer,
             capabilities,
+            server,
             logging,
             development,
             ignored_keys: Vec::new(),
             warnings: Vec::new(),
             secrets: std::mem::take(&mut self.secrets),
+        })
+    }
+
+    /// `server`: the listening address, port and API keys (registered as secrets).
+    fn server(&mut self, raw: Option<RawServer>) -> Result<ServerConfig, ConfigError> {
+        let defaults = ServerConfig::default();
+        let Some(raw) = raw else { return Ok(defaults) };
+        let port = match raw.port {
+            None => defaults.port,
+            Some(port) => u16::try_from(port.0)
+                .map_err(|_| self.error_at("server.port", format!("{} is not a port; use a number from 0 to 65535", port.0)))?,
+        };
+        let mut api_keys = Vec::new();
+        for key in raw.api_keys.unwrap_or_default() {
+            if key.trim().is_empty() || key.contains("${") {
+                return Err(self.error_at(
+                    "server.api_keys",
+                    "an API key is empty or names a variable that is not set; set it in the environment or .env".to_owned(),
+                ));
+            }
+            self.secrets.add(&key);
+            api_keys.push(Secret::new(key));
+        }
+        Ok(ServerConfig {
+            host: raw.host.filter(|host| !host.trim().is_empty()).unwrap_or(defaults.host),
+            port,
+            api_keys,
+            max_body_bytes: raw.max_body_bytes.map_or(defaults.max_body_bytes, |bytes| bytes.0 as usize),
+            status_lines: raw.status_lines.unwrap_or(defaults.status_lines),
         })
     }
 

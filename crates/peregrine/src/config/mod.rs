@@ -78,6 +78,27 @@ impl CapabilitiesConfig {
     }
 }
 
+/// `server`: how `peregrine serve` listens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// The address to bind (default 127.0.0.1; another address needs `api_keys`).
+    pub host: String,
+    /// The port (default 8000).
+    pub port: u16,
+    /// Bearer tokens clients must send; each one sees only its own conversations.
+    pub api_keys: Vec<Secret>,
+    /// The largest request body accepted (default 1 MiB).
+    pub max_body_bytes: usize,
+    /// Whether streamed answers start with progress lines (default true).
+    pub status_lines: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self { host: "127.0.0.1".to_owned(), port: 8000, api_keys: Vec::new(), max_body_bytes: 1 << 20, status_lines: true }
+    }
+}
+
 /// `logging`: where diagnostics go.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoggingConfig {
@@ -111,6 +132,8 @@ pub struct Config {
     pub checkpointer: CheckpointerConfig,
     /// `capabilities`.
     pub capabilities: CapabilitiesConfig,
+    /// `server`.
+    pub server: ServerConfig,
     /// `logging`.
     pub logging: LoggingConfig,
     /// `development`.
@@ -136,6 +159,7 @@ impl fmt::Debug for Config {
             settings: &'a AgentSettings,
             checkpointer: &'a CheckpointerConfig,
             capabilities: &'a CapabilitiesConfig,
+            server: &'a ServerConfig,
             logging: &'a LoggingConfig,
             development: &'a DevelopmentConfig,
             ignored_keys: &'a Vec<String>,
@@ -149,6 +173,7 @@ impl fmt::Debug for Config {
             settings: &self.settings,
             checkpointer: &self.checkpointer,
             capabilities: &self.capabilities,
+            server: &self.server,
             logging: &self.logging,
             development: &self.development,
             ignored_keys: &self.ignored_keys,
@@ -178,6 +203,13 @@ impl fmt::Debug for Secrets {
 const MIN_SCRUBBED_LEN: usize = 6;
 
 impl Secrets {
+    /// Registers `secret` (once).
+    pub(crate) fn add(&mut self, secret: &str) {
+        if !secret.is_empty() && !self.0.iter().any(|known| known == secret) {
+            self.0.push(secret.to_owned());
+        }
+    }
+
     /// `text` with every secret replaced by `***`.
     pub(crate) fn redact(&self, text: &str) -> String {
         Self::redact_with(&self.0, text)
@@ -343,6 +375,7 @@ impl Config {
             settings,
             checkpointer,
             capabilities,
+            server: ServerConfig::default(),
             logging: LoggingConfig::default(),
             development: DevelopmentConfig::default(),
             ignored_keys: Vec::new(),

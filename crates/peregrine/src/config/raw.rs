@@ -35,6 +35,8 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub capabilities: Option<RawCapabilities>,
     #[serde(default)]
+    pub server: Option<RawServer>,
+    #[serde(default)]
     pub logging: Option<RawLogging>,
     #[serde(default)]
     pub development: Option<RawDevelopment>,
@@ -177,6 +179,22 @@ pub(crate) struct RawCheckpointer {
 pub(crate) struct RawCapabilities {
     #[serde(default)]
     pub exclude: Option<Vec<String>>,
+}
+
+/// `server` (Peregrine's own section): `peregrine serve`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawServer {
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default)]
+    pub port: Option<Count>,
+    #[serde(default)]
+    pub api_keys: Option<Vec<String>>,
+    #[serde(default)]
+    pub max_body_bytes: Option<PositiveCount>,
+    #[serde(default)]
+    pub status_lines: Option<bool>,
 }
 
 /// `checkpointer.type`.

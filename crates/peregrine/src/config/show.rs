@@ -49,6 +49,13 @@ pub(crate) fn effective(config: &Config) -> Value {
         "file_paths": {"agent_data_dir": settings.agent_data_dir.display().to_string()},
         "checkpointer": checkpointer(&config.checkpointer),
         "capabilities": {"exclude": config.capabilities.exclude},
+        "server": {
+            "host": config.server.host,
+            "port": config.server.port,
+            "api_keys": config.server.api_keys.iter().map(|_| "***").collect::<Vec<_>>(),
+            "max_body_bytes": config.server.max_body_bytes,
+            "status_lines": config.server.status_lines,
+        },
         "logging": {
             "level": config.logging.level,
             "file": config.logging.file.as_ref().map(|path| path.display().to_string()),

@@ -1,0 +1,115 @@
+//! OpenAI error answers: every failure of the API becomes `{"error":{"message","type","param","code"}}`
+//! with its HTTP status here, and nowhere else.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use peregrine_agent::AgentError;
+use peregrine_graph::{CheckpointError, RunError};
+use serde_json::{Value, json};
+
+/// An error answer of the OpenAI-compatible API.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// `error.type` (`invalid_request_error`, `server_error`).
+    pub error_type: &'static str,
+    /// `error.param`: the request field at fault, if any.
+    pub param: Option<&'static str>,
+    /// `error.code`: a machine-readable reason, if any.
+    pub code: Option<&'static str>,
+    /// `error.message`: what happened and what to do.
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, error_type: &'static str, code: Option<&'static str>, message: impl Into<String>) -> Self {
+        Self { status, error_type, param: None, code, message: message.into() }
+    }
+
+    fn with_param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
+    }
+
+    /// 401: no or a wrong `Authorization: Bearer` key (the key itself is never repeated).
+    pub fn invalid_api_key(given: bool) -> Self {
+        let message = if given {
+            "Incorrect API key provided. Use one of the keys this server was started with."
+        } else {
+            "No API key provided. Send it as 'Authorization: Bearer <key>'."
+        };
+        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", Some("invalid_api_key"), message)
+    }
+
+    /// 404: the request names a model this server does not serve.
+    pub fn model_not_found(requested: &str, served: &str) -> Self {
+        let requested: String = requested.chars().take(200).collect();
+        let message = format!("The model '{requested}' does not exist on this server; it serves '{served}' (see GET /v1/models).");
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found"), message).with_param("model")
+    }
+
+    /// 400: the body is not a chat completions request.
+    pub fn invalid_body(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", Some("invalid_json"), message)
+    }
+
+    /// 400: the `messages` field cannot be used.
+    pub fn invalid_messages(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", None, message).with_param("messages")
+    }
+
+    /// 413: the body is larger than the server accepts.
+    pub fn body_too_large(limit: usize) -> Self {
+        let message = format!(
+            "The request body is larger than this server's limit of {limit} bytes (or could not be read); send a shorter conversation."
+        );
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("request_too_large"), message)
+    }
+
+    /// 409: another request is still running a turn on the same conversation.
+    pub fn thread_busy() -> Self {
+        let message = "A turn of this conversation is still running; wait for its answer (or stop it) and send the message again.";
+        Self::new(StatusCode::CONFLICT, "invalid_request_error", Some("thread_busy"), message)
+    }
+
+    /// 404: no such route.
+    pub fn unknown_url(method: &str, path: &str) -> Self {
+        let path: String = path.chars().take(200).collect();
+        let message = format!("Unknown request URL: {method} {path}. This server offers GET /v1/models and POST /v1/chat/completions.");
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("unknown_url"), message)
+    }
+
+    /// 500: the turn stopped for a reason of the server.
+    pub fn server_error(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", None, message)
+    }
+
+    /// The `{"error": {..}}` body.
+    pub fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}})
+    }
+}
+
+impl From<AgentError> for ApiError {
+    fn from(error: AgentError) -> Self {
+        match error {
+            AgentError::Gateway(error) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", None, error.to_string()),
+            AgentError::Run(RunError::Checkpoint(CheckpointError::ThreadBusy { .. })) => ApiError::thread_busy(),
+            AgentError::Run(error) => ApiError::server_error(format!("The agent could not finish the turn: {error}")),
+            other => ApiError::server_error(format!("The agent could not handle the message: {other}")),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        json_response(self.status, &self.body())
+    }
+}
+
+/// A JSON answer with this status.
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
+    (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body.to_string()).into_response()
+}

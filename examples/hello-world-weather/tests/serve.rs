@@ -1,0 +1,105 @@
+//! `hello-world-weather serve` end to end: the real binary in a temp project, serving the
+//! OpenAI-compatible API against the scripted LLM server; the address it prints, bearer keys
+//! from config.yml, a chat completion, and the refusal to serve the network without keys.
+
+#![allow(clippy::expect_used, reason = "test helpers report failures by panicking")]
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use peregrine_testkit::agent_fixture::weather_script;
+use peregrine_testkit::llm_server::ScriptedLlmServer;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hello-world-weather");
+const SERVE_KEY: &str = "serve-key-3f9a1c";
+
+fn project(base_url: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = format!(
+        "models:\n  default:\n    provider: scripted\n    model_id: scripted-model\n\
+         api:\n  providers:\n    scripted:\n      protocol: openai\n      base_url: {base_url}\n      api_key: sk-test\n      max_retries: 0\n\
+         checkpointer:\n  type: sqlite\n  path: ./state/peregrine.db\n\
+         server:\n  api_keys:\n    - ${{SERVE_KEY}}\n"
+    );
+    std::fs::write(dir.path().join("config.yml"), config).expect("config");
+    std::fs::write(dir.path().join(".env"), format!("SERVE_KEY={SERVE_KEY}\n")).expect(".env");
+    dir
+}
+
+fn command(dir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Kills the server when the test ends, however it ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_openai_requests_with_the_configured_key() {
+    let llm = ScriptedLlmServer::start(weather_script()).await;
+    let dir = project(&llm.base_url());
+    let mut child = command(dir.path(), &["serve", "--port", "0"]).spawn().expect("serve starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let server = Server(child);
+    let address = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("the address line");
+        line.trim().strip_prefix("listening on ").map(str::to_owned).expect("listening on http://…")
+    })
+    .await
+    .expect("joined");
+    assert!(address.starts_with("http://127.0.0.1:"), "loopback by default: {address}");
+    let client = reqwest::Client::new();
+
+    let refused = client.get(format!("{address}/v1/models")).send().await.expect("request");
+    assert_eq!(refused.status(), 401);
+    let body: Value = refused.json().await.expect("JSON error");
+    assert_eq!(body["error"]["code"], "invalid_api_key");
+
+    let models: Value =
+        client.get(format!("{address}/v1/models")).bearer_auth(SERVE_KEY).send().await.expect("request").json().await.expect("JSON");
+    assert_eq!(models["data"][0]["id"], "hello-world-weather");
+
+    let answer = client
+        .post(format!("{address}/v1/chat/completions"))
+        .bearer_auth(SERVE_KEY)
+        .json(&json!({"model": "hello-world-weather", "messages": [{"role": "user", "content": "What's the weather in Prague?"}]}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(answer.status(), 200);
+    let answer: Value = answer.json().await.expect("JSON");
+    let content = answer["choices"][0]["message"]["content"].as_str().expect("content");
+    assert!(content.contains("Weather in Prague"), "{answer}");
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    drop(server);
+    llm.shutdown().await;
+}
+
+#[test]
+fn serving_the_network_without_keys_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("config.yml"), "models:\n  default:\n    provider: openai\n    model_id: gpt-4o\n").expect("config");
+    let output = command(dir.path(), &["serve", "--host", "0.0.0.0", "--port", "0"]).output().expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(message.contains("server.api_keys"), "{message}");
+}
