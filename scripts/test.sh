@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs and starts what the tests need (a throwaway PostgreSQL server,
-# cmake + libclang for llama.cpp, the embedded model), then runs formatting, lint and the whole
-# test suite. Used by `.ci/run` and by developers alike.
+# cmake + libclang for llama.cpp, the embedded model, the official openai Python client), then
+# runs formatting, lint and the whole test suite. Used by `.ci/run` and by developers alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +17,8 @@ echo "using ${PEREGRINE_TEST_POSTGRES_URL}"
 
 echo "== build tools and the embedded model"
 bash scripts/install-build-deps.sh
+echo "== Python openai client for the peregrine-server client tests"
+bash scripts/install-python-deps.sh
 PEREGRINE_LOCAL_MODEL="$(bash scripts/fetch-model.sh)"
 export PEREGRINE_LOCAL_MODEL
 echo "model: ${PEREGRINE_LOCAL_MODEL}"

@@ -154,6 +154,16 @@ impl RunningTurn {
 }
 
 async fn send(agent: &Agent, thread_id: &str, input: &str, session: &Session, options: TurnOptions) -> Result<TurnResult, AgentError> {
+    // An approval answered in a turn that was then cut off (the client disconnected right
+    // after "yes") holds an answer its node has not taken yet: the engine takes no new run on
+    // such a thread, so the approved action is finished first, from its last checkpoint, and
+    // its result is this request's answer (the new message is not sent). Any other cut-off
+    // turn is simply left behind by the new message.
+    let snapshot = agent.graph().get_state(thread_id).await?;
+    if snapshot.as_ref().is_some_and(|snapshot| snapshot.meta.resume.is_some()) {
+        tracing::info!(thread = %thread_id, "finishing the conversation's cut-off turn before anything else");
+        return agent.continue_turn(thread_id, options).await;
+    }
     let result = agent.send(thread_id, input, session, options).await;
     match &result {
         Ok(turn) => tracing::info!(thread = %thread_id, status = ?turn.status, "chat completion turn ended"),

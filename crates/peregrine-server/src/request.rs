@@ -126,7 +126,13 @@ impl ChatRequest {
             ("first-message", first)
         };
         let thread_id = thread_id(caller, source, &key);
-        let user_id = user.or_else(|| header(headers, USER_ID_HEADER)).unwrap_or(DEFAULT_USER);
+        let user = user.or_else(|| header(headers, USER_ID_HEADER)).unwrap_or(DEFAULT_USER);
+        // Memory is per user id: the caller's key is part of it, so a key can neither read nor
+        // write the memories of another key's users by naming them.
+        let user_id = match caller {
+            Caller::Anonymous => user.to_owned(),
+            Caller::Key(_) => format!("{}:{user}", &caller.identity()[..16]),
+        };
         Ok(Conversation { thread_id, input, session: Session::new(user_id, INTERFACE) })
     }
 }
@@ -233,6 +239,14 @@ mod tests {
         let other_key = first.conversation(&Caller::Key([2; 32]), &none).unwrap();
         assert_ne!(keyed.thread_id, a.thread_id);
         assert_ne!(keyed.thread_id, other_key.thread_id);
+        // Memory is per user id, and a key's users are its own: naming another key's user
+        // reaches nothing of theirs.
+        let named = request(json!({"model": "m", "user": "alice", "messages": [{"role": "user", "content": "hello"}]}));
+        let alice_of_1 = named.conversation(&Caller::Key([1; 32]), &none).unwrap().session.user_id;
+        let alice_of_2 = named.conversation(&Caller::Key([2; 32]), &none).unwrap().session.user_id;
+        assert_ne!(alice_of_1, alice_of_2);
+        assert!(alice_of_1.as_deref().is_some_and(|id| id.ends_with(":alice")), "{alice_of_1:?}");
+        assert_ne!(keyed.session.user_id, other_key.session.user_id, "the default user is per key too");
     }
 
     #[test]

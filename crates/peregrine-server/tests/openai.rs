@@ -303,3 +303,56 @@ async fn a_busy_thread_is_refused_and_a_dropped_client_cancels_the_turn() {
     .await;
     assert_eq!(last.0, 200, "{}", last.1);
 }
+
+#[tokio::test]
+async fn an_approval_recorded_by_a_cut_off_turn_is_finished_by_the_next_message() {
+    let llm = ScriptedLlmServer::start(weather_script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = weather_agent(&llm.base_url(), 30.0, &dir.path().join("checkpoints.db"), &dir.path().join("data")).await.unwrap();
+    // The conversation's thread, as the server derives it for an anonymous caller.
+    let asked_over_http = {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        let agent = Arc::new(agent);
+        let app = router(agent.clone(), options());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = reqwest::Client::new();
+        let asked: Value = client
+            .post(format!("{url}/chat/completions"))
+            .json(&json!({"model": MODEL, "messages": [user(PLANNING)]}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(content(&asked).contains("HUMAN APPROVAL REQUIRED"), "{asked}");
+        // The approval is recorded by a turn cancelled before its node ran (as when a client
+        // drops right after "yes"): the thread now holds an answer nobody delivered.
+        let threads = agent.graph().threads().await.unwrap();
+        let thread = threads[0].thread_id.clone();
+        let snapshot = agent.graph().get_state(&thread).await.unwrap().unwrap();
+        let interrupt = snapshot.meta.interrupt.clone().unwrap();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        cancel.cancel();
+        let options = peregrine_agent::TurnOptions { events: None, cancel };
+        agent.answer_approval(&thread, &interrupt, true, None, options).await.unwrap();
+        assert!(agent.graph().get_state(&thread).await.unwrap().unwrap().meta.resume.is_some(), "an undelivered answer");
+        // The next message on the conversation finishes the approved plan.
+        let messages = json!([user(PLANNING), assistant(&content(&asked)), user("yes"), user("so?")]);
+        let finished: Value = client
+            .post(format!("{url}/chat/completions"))
+            .json(&json!({"model": MODEL, "messages": messages}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        finished
+    };
+    assert!(content(&asked_over_http).contains("Weather in Prague"), "the approved plan's answer: {asked_over_http}");
+    let counts = call_counts(&llm.chat_requests());
+    assert_eq!(counts.get(&LlmCall::Orchestrator), Some(&1), "the approved plan runs, no new plan: {counts:?}");
+    assert_eq!(counts.get(&LlmCall::CurrentWeather), Some(&1), "{counts:?}");
+}
