@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use expectrl::process::unix::WaitStatus;
 use expectrl::{Eof, Expect as _, Session};
+use peregrine_testkit::agent_fixture::project_config;
 use peregrine_testkit::llm_server::{Fault, Reply, Script, ScriptedLlmServer};
 use serde_json::json;
 
@@ -75,11 +76,7 @@ struct Project {
 impl Project {
     fn new(base_url: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let config = format!(
-            "models:\n  default: {{provider: scripted, model_id: scripted-model}}\n\
-             api:\n  providers:\n    scripted:\n      protocol: openai\n      base_url: {base_url}\n      api_key: sk-test\n      max_retries: 0\n      timeout_seconds: 20\n\
-             checkpointer: {{type: sqlite, path: ./checkpoints.db}}\n"
-        );
+        let config = project_config(base_url, "sk-test");
         std::fs::write(dir.path().join("config.yml"), config).expect("config.yml");
         Self { dir }
     }
@@ -178,7 +175,7 @@ fn a_conversation_in_a_terminal_streams_asks_cancels_resumes_and_exits() {
     expect(&mut session, "you> ", "the prompt after /status");
     session.send_line("/config").expect("send");
     let shown = expect(&mut session, "you> ", "/config");
-    assert!(shown.contains("scripted-model") && shown.contains("checkpoints.db"), "/config shows the configuration: {shown}");
+    assert!(shown.contains("scripted-model") && shown.contains("state/peregrine.db"), "/config shows the configuration: {shown}");
     assert!(!shown.contains("sk-test"), "/config never shows the API key: {shown}");
 
     session.send_line("Count the magnets slowly").expect("send");

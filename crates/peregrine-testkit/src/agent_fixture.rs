@@ -96,6 +96,19 @@ pub fn llm_config(base_url: &str, timeout_seconds: f64) -> LlmConfig {
     config
 }
 
+/// The `config.yml` of a test project whose every role uses the scripted server at `base_url`
+/// (provider `scripted`, OpenAI protocol, no transport retries) with `api_key`, SQLite
+/// checkpoints in `./state/peregrine.db` and the agent data in `./_agent_data`, both relative
+/// to the file. Tests append sections of their own (`server:`, …).
+pub fn project_config(base_url: &str, api_key: &str) -> String {
+    format!(
+        "models:\n  default:\n    provider: scripted\n    model_id: {DEFAULT_MODEL}\n\
+         api:\n  providers:\n    scripted:\n      protocol: openai\n      base_url: {base_url}\n      api_key: {api_key}\n      max_retries: 0\n      timeout_seconds: 20\n\
+         checkpointer:\n  type: sqlite\n  path: ./state/peregrine.db\n\
+         file_paths:\n  agent_data_dir: ./_agent_data\n"
+    )
+}
+
 /// The weather agent (the application's `current_weather` plus the framework's nodes, respond
 /// and clarify) on the LLM server at `base_url`, checkpointing to the SQLite file `db` and
 /// keeping pending plans under `data_dir`.

@@ -1,6 +1,6 @@
 //! Peregrine applications: `config.yml` (Osprey-compatible), the agent runtime and the command
 //! line. An application built on Peregrine gets every command — `chat`, `run`, `init`,
-//! `health`, `config`, `threads`, `completions` — from one call:
+//! `serve`, `health`, `config`, `threads`, `completions` — from one call:
 //!
 //! ```no_run
 //! use peregrine::{Application, Registry, RegistryError, Services};

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use peregrine_testkit::agent_fixture::weather_script;
+use peregrine_testkit::agent_fixture::{project_config, weather_script};
 use peregrine_testkit::llm_server::ScriptedLlmServer;
 use serde::Serialize;
 
@@ -93,12 +93,7 @@ struct Project {
 impl Project {
     fn new(base_url: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let config = format!(
-            "models:\n  default:\n    provider: scripted\n    model_id: scripted-model\n\
-             api:\n  providers:\n    scripted:\n      protocol: openai\n      base_url: {base_url}\n      api_key: sk-bench\n      max_retries: 0\n\
-             checkpointer:\n  type: sqlite\n  path: ./state/peregrine.db\n\
-             file_paths:\n  agent_data_dir: ./_agent_data\n"
-        );
+        let config = project_config(base_url, "sk-bench");
         std::fs::write(dir.path().join("config.yml"), config).expect("config");
         Self { dir }
     }

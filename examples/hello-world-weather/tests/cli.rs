@@ -14,7 +14,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use peregrine_testkit::agent_fixture::{
-    EXECUTION_PLAN, EXTRACTED_TASK, LlmCall, call_counts, weather_plan, weather_script, with_weather_replies,
+    EXECUTION_PLAN, EXTRACTED_TASK, LlmCall, call_counts, project_config, weather_plan, weather_script, with_weather_replies,
 };
 use peregrine_testkit::llm_server::{Fault, Reply, Script, ScriptedLlmServer};
 use serde_json::{Value, json};
@@ -30,13 +30,7 @@ struct Project {
 impl Project {
     fn new(base_url: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let config = format!(
-            "# a project of the weather application\n\
-             models:\n  default:\n    provider: scripted\n    model_id: scripted-model\n\
-             api:\n  providers:\n    scripted:\n      protocol: openai\n      base_url: {base_url}\n      api_key: ${{SCRIPTED_API_KEY}}\n      max_retries: 0\n      timeout_seconds: 20\n\
-             checkpointer:\n  type: sqlite\n  path: ./state/peregrine.db\n\
-             file_paths:\n  agent_data_dir: ./_agent_data\n"
-        );
+        let config = project_config(base_url, "${SCRIPTED_API_KEY}");
         std::fs::write(dir.path().join("config.yml"), config).expect("config written");
         std::fs::write(dir.path().join(".env"), format!("SCRIPTED_API_KEY={API_KEY}\n")).expect(".env written");
         Self { dir }

@@ -8,7 +8,7 @@ use std::io::{BufRead as _, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use peregrine_testkit::agent_fixture::weather_script;
+use peregrine_testkit::agent_fixture::{project_config, weather_script};
 use peregrine_testkit::llm_server::ScriptedLlmServer;
 use serde_json::{Value, json};
 
@@ -17,12 +17,11 @@ const SERVE_KEY: &str = "serve-key-3f9a1c";
 
 fn project(base_url: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = format!(
-        "models:\n  default:\n    provider: scripted\n    model_id: scripted-model\n\
-         api:\n  providers:\n    scripted:\n      protocol: openai\n      base_url: {base_url}\n      api_key: sk-test\n      max_retries: 0\n\
-         checkpointer:\n  type: sqlite\n  path: ./state/peregrine.db\n\
-         server:\n  api_keys:\n    - ${{SERVE_KEY}}\n"
-    );
+    let config = project_config(base_url, "sk-test")
+        + "server:
+  api_keys:
+    - ${SERVE_KEY}
+";
     std::fs::write(dir.path().join("config.yml"), config).expect("config");
     std::fs::write(dir.path().join(".env"), format!("SERVE_KEY={SERVE_KEY}\n")).expect(".env");
     dir
