@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs and starts what the tests need (a throwaway PostgreSQL server,
-# cmake + libclang for llama.cpp, the embedded model, the official openai Python client), then
+# cmake + libclang for llama.cpp, the embedded model, the official openai Python client, Debian's
+# Chromium with Python Playwright for the web UI test), then
 # runs formatting, lint and the whole test suite. Used by `.ci/run` and by developers alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,8 @@ echo "== build tools and the embedded model"
 bash scripts/install-build-deps.sh
 echo "== Python openai client for the peregrine-server client tests"
 bash scripts/install-python-deps.sh
+echo "== Chromium and Playwright for the web UI test"
+bash scripts/install-browser-deps.sh
 PEREGRINE_LOCAL_MODEL="$(bash scripts/fetch-model.sh)"
 export PEREGRINE_LOCAL_MODEL
 echo "model: ${PEREGRINE_LOCAL_MODEL}"

@@ -28,6 +28,25 @@ impl Caller {
             Caller::Key(digest) => digest.iter().map(|byte| format!("{byte:02x}")).collect(),
         }
     }
+
+    /// The owner part of the caller's thread ids: the first 12 hex digits of SHA-256 over
+    /// `peregrine-thread-owner\n` and [`Caller::identity`]. It names no key (a one-way digest
+    /// of a digest) and is only ever shown to the caller it belongs to.
+    pub(crate) fn owner_tag(&self) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(b"peregrine-thread-owner\n");
+        hasher.update(self.identity().as_bytes());
+        hasher.finalize().iter().take(6).map(|byte| format!("{byte:02x}")).collect()
+    }
+
+    /// Whether the caller may see `thread_id`: a thread of its own (`<kind>-<owner tag>-…`), or
+    /// any thread when the server has no keys (one user: the terminal's threads show too).
+    pub(crate) fn owns(&self, thread_id: &str) -> bool {
+        match self {
+            Caller::Anonymous => true,
+            Caller::Key(_) => thread_id.split('-').nth(1).is_some_and(|owner| owner == self.owner_tag()),
+        }
+    }
 }
 
 /// The keys a server accepts, as digests.
@@ -47,6 +66,11 @@ impl ApiKeys {
     pub(crate) fn new(keys: &[Secret]) -> Self {
         let digests = keys.iter().filter(|key| !key.expose().is_empty()).map(|key| digest(key.expose())).collect();
         Self { digests }
+    }
+
+    /// Whether requests need a key.
+    pub(crate) fn required(&self) -> bool {
+        !self.digests.is_empty()
     }
 
     /// The caller of a request with these headers, or 401.
@@ -111,5 +135,18 @@ mod tests {
         assert_eq!(ApiKeys::new(&[Secret::new("")]).authenticate(&headers(Some("Bearer x"))), Ok(Caller::Anonymous));
         assert_eq!(Caller::Anonymous.identity(), "anonymous");
         assert_eq!(Caller::Key([0xab; 32]).identity().len(), 64);
+        assert!(Caller::Anonymous.owns("main"), "without keys every thread is the one user's");
+    }
+
+    #[test]
+    fn threads_belong_to_the_key_that_made_them() {
+        let (one, two) = (Caller::Key(digest("sk-one")), Caller::Key(digest("sk-two")));
+        let tag = one.owner_tag();
+        assert_eq!(tag.len(), 12);
+        assert_ne!(tag, two.owner_tag());
+        assert!(!one.identity().contains(&tag), "the tag is not a prefix of the key digest");
+        assert!(one.owns(&format!("t-{tag}-0123")) && one.owns(&format!("oai-{tag}-abcd")));
+        assert!(!two.owns(&format!("t-{tag}-0123")));
+        assert!(!one.owns("main") && !one.owns(&tag) && !one.owns(&format!("t-{tag}x-1")));
     }
 }

@@ -77,8 +77,17 @@ impl ApiError {
     /// 404: no such route.
     pub fn unknown_url(method: &str, path: &str) -> Self {
         let path: String = path.chars().take(200).collect();
-        let message = format!("Unknown request URL: {method} {path}. This server offers GET /v1/models and POST /v1/chat/completions.");
+        let message = format!(
+            "Unknown request URL: {method} {path}. This server offers GET /v1/models, POST /v1/chat/completions, the threads API under /threads and the web UI at /."
+        );
         Self::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("unknown_url"), message)
+    }
+
+    /// 405: the route exists, but not with this method.
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        let path: String = path.chars().take(200).collect();
+        let message = format!("{path} does not accept {method}; see the API's routes in the documentation of peregrine serve.");
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", Some("method_not_allowed"), message)
     }
 
     /// 500: the turn stopped for a reason of the server.
@@ -86,9 +95,51 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", None, message)
     }
 
+    /// 404: no thread of that id is visible to the caller (it does not exist, or belongs to
+    /// another key: the answer is the same).
+    pub fn thread_not_found(thread_id: &str) -> Self {
+        let thread_id: String = thread_id.chars().take(200).collect();
+        let message = format!("There is no thread '{thread_id}' (GET /threads lists yours; POST /threads creates one).");
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("thread_not_found"), message)
+    }
+
+    /// 404: this server knows no such run of the thread.
+    pub fn run_not_found(thread_id: &str, run_id: &str) -> Self {
+        let run_id: String = run_id.chars().take(200).collect();
+        let message = format!(
+            "There is no run '{run_id}' of thread '{thread_id}' on this server (runs are kept by the process that started them, and only \
+             for a while after they end; GET /threads/{thread_id}/state shows the thread itself)."
+        );
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("run_not_found"), message)
+    }
+
+    /// 400: a native API request that cannot be used.
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", Some("invalid_request"), message)
+    }
+
+    /// 409: a thread operation that conflicts with the thread's state (no approval pending, a
+    /// stale approval id, a thread id that exists already).
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "invalid_request_error", Some(code), message)
+    }
+
+    /// The same error with its message passed through `redact` (secrets of the configuration
+    /// that a storage or provider error may quote).
+    pub fn redacted(mut self, redact: &crate::Redact) -> Self {
+        self.message = redact(&self.message);
+        self
+    }
+
     /// The `{"error": {..}}` body.
     pub fn body(&self) -> Value {
         json!({"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}})
+    }
+
+    /// 400 `unsupported_value`: a request option whose answer this server cannot give (`n` over 1,
+    /// a forced tool call, structured output), named in `param`.
+    pub fn unsupported_value(param: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", Some("unsupported_value"), message).with_param(param)
     }
 }
 

@@ -1,37 +1,144 @@
-//! Serves a Peregrine [`Agent`](peregrine_agent::Agent) over an OpenAI-compatible HTTP API, for
-//! Open WebUI and the official `openai` clients (the first part of `peregrine serve`).
+//! Serves a Peregrine [`Agent`](peregrine_agent::Agent) over HTTP: an OpenAI-compatible API for
+//! Open WebUI and the official `openai` clients, a native threads/runs API with live events and
+//! approvals, and a web UI. [`router`] is an axum router; `peregrine serve` binds it.
 //!
 //! # Routes
-//! - `GET /v1/models`: the one served model, `{"object":"list","data":[{"id","object":"model","created","owned_by":"peregrine"}]}`.
+//! - `GET /v1/models`, `GET /v1/models/{model}`: the one served model,
+//!   `{"object":"list","data":[{"id","object":"model","created","owned_by":"peregrine"}]}`.
 //! - `POST /v1/chat/completions`: one turn of the agent; a JSON answer, or SSE with `stream: true`.
-//! - Anything else: 404 with an OpenAI error body.
+//! - `GET /info` (no key needed): `{"name","version","auth"}`.
+//! - The native API under `/threads` (below).
+//! - `GET /`: the web UI, one self-contained page (no build step) that uses the native API.
+//! - Anything else: 404 (405 for a known route with another method) with an error body.
 //!
 //! Errors are `{"error":{"message","type","param","code"}}`: 401 `invalid_api_key`, 404
-//! `model_not_found`, 400 with `param: "messages"`, 413 for a body over
-//! [`ServerOptions::max_body_bytes`], 409 `thread_busy` while the conversation's previous turn
-//! still runs, 400 when the agent's gateway refuses the message, 500 `server_error` when the
-//! run fails.
+//! `model_not_found` / `thread_not_found` / `run_not_found`, 400 with `param: "messages"` or code
+//! `invalid_request`, 400 `unsupported_value` with `param` `n`, `tool_choice` or
+//! `response_format` (see Requests), 413 `request_too_large` for a body over [`ServerOptions::max_body_bytes`],
+//! 409 `thread_busy` while a turn of the thread runs (in this process or, with PostgreSQL, in
+//! another), 409 `no_pending_approval` / `stale_approval` / `unfinished_run` / `run_finished` /
+//! `thread_exists`, 400 when the agent's gateway refuses the message, 500 `server_error` when
+//! the run fails. Every message passes through [`ServerOptions::redact`] first, and so does the
+//! report of a turn that ended in the error node (it may quote a provider's or the store's error).
 //!
+//! # Native API
+//! Threads:
+//! - `POST /threads` (body `{}`; `{"thread_id": "…"}` only on a server without keys) → 201 Thread.
+//! - `GET /threads?limit=50&offset=0` → the caller's threads, most recently updated first.
+//! - `GET /threads/{id}` → Thread; `DELETE /threads/{id}` → 204 (409 while a run holds it; its
+//!   pending plan files go too).
+//! - `GET /threads/{id}/state` → `{"thread_id","status","resumable","checkpoint_id","next",
+//!   "messages":[{"role","content","timestamp"}],"plan":{"steps","current_step","results"}|null,
+//!   "interrupt","values"}` (`values`: the whole agent state).
+//! - `GET /threads/{id}/history?limit=&before=` → checkpoint metadata, newest first.
+//!
+//! Thread = `{"thread_id","created_at","updated_at","status","resumable","title","messages","interrupt"}`
+//! with `status` one of `idle`, `busy` (a run holds it, here or in another process), `interrupted`
+//! (an approval is pending: `interrupt` = `{"id","node","approval_type","message","payload"}`;
+//! a plan approval's `payload.execution_plan` is the plan), `error` (the last turn ended in the
+//! error node, or a run was cut off: then `resumable` is true).
+//!
+//! Runs (`POST` bodies: exactly one of `{"input": "text"}`, `{"resume": {"approved": bool,
+//! "interrupt_id"?: "…", "plan"?: <edited plan>}}`, `{"continue": true}`; optional `"user"`):
+//! - `POST /threads/{id}/runs` → 201 Run, once the run holds the thread (409 `thread_busy` if
+//!   another run does); `POST …/runs/stream` → its events as SSE; `POST …/runs/wait` → the Run
+//!   once it ended.
+//! - `GET /threads/{id}/runs`, `GET …/runs/{run}`, `GET …/runs/{run}/wait`,
+//!   `GET …/runs/{run}/stream` (from the start, or after header `Last-Event-ID: N` or
+//!   `?last_event_id=N`), `POST …/runs/{run}/cancel` → 202.
+//!
+//! Run = `{"run_id","thread_id","kind":"message|resume|continue","status":"running|success|error|interrupted|cancelled",
+//! "created_at","finished_at","result":{"status","response","interrupt"}|null,"error":{"message","code","http_status"}|null}`.
+//! A run is a task of its own: a client that disconnects from its stream does not stop it, and
+//! can reconnect. Runs are kept in memory by the process that started them (the last 1,000
+//! finished ones); threads, their state and their approvals are in the checkpoint store, so any
+//! process serving the store can answer an approval or continue a run another started.
+//!
+//! SSE events are `id: N` (1, 2, 3, …), `event: NAME`, `data: JSON`: `metadata`
+//! `{"run_id","thread_id"}` first; the engine's `run_started`, `node_started` `{"node","step"}`,
+//! `node_finished` `{"node","step","checkpoint_id","duration_ms"}`, `waiting`, `interrupt`
+//! (the Interrupt), `run_finished`; the agent's events named by kind (`task_extracted`,
+//! `capabilities_selected`, `plan_created` `{"steps"}`, `capability_start`
+//! `{"capability_name","step_number","total_steps","description"}`, `capability_complete`,
+//! `status`, `llm_request`, `llm_response`, `approval_required`, `approval_received`, `error`, …,
+//! each with `timestamp` and `component`); answer pieces as `token` `{"role","content"}`; and
+//! last `end` with the final Run. An idle stream sends a `: keep-alive` comment every 15 s.
+//!
+//! # Thread ownership
+//! Thread ids carry their owner: `t-<owner tag>-<32 hex>` (native) and
+//! `oai-<owner tag>-<16 hex>` (OpenAI-compatible conversations), where the owner tag is the
+//! first 12 hex digits of SHA-256 over `peregrine-thread-owner\n` and the caller's identity
+//! (the hex SHA-256 of its key). A key sees, lists and runs only threads with its own tag; any
+//! other thread answers 404 like a missing one. Every process agrees without a table of its own.
+//! A server without keys has one user, who sees every thread of the store (the terminal's too).
+
 //! # Authentication
-//! With [`ServerOptions::api_keys`] set, every `/v1` route needs `Authorization: Bearer <key>`.
+//! With [`ServerOptions::api_keys`] set, every route but `/` and `/info` needs
+//! `Authorization: Bearer <key>`.
 //! Only SHA-256 digests of the keys are kept; a presented key is hashed and compared with each
 //! of them in constant time. Keys never appear in answers or logs.
 //!
-//! # Conversation identity
-//! Chat clients resend the whole history with every request, so the agent thread is derived
-//! from the request: `oai-` + the first 16 hex digits of SHA-256 over, each followed by `\n`,
-//! 1. the caller: the hex SHA-256 of its API key, or `anonymous` when the server has no keys
-//!    (so two keys never share a thread);
-//! 2. the source and its value, the first of:
-//!    header `X-OpenWebUI-Chat-Id` (`chat-id`), header `X-Session-Id` (`session-id`), the
-//!    body's `user` field with the first user message (`user`, value `<user>\n<first message>`),
-//!    else the first user message's text alone (`first-message`).
+//! # Requests
+//! `POST /v1/chat/completions` reads `model` (the served id), `messages`, `stream`,
+//! `stream_options.include_usage` and `user`; every other field is ignored, except three whose
+//! answer this server cannot give, refused with 400 `unsupported_value` naming the field in
+//! `param`: `n` over 1 (one choice is returned), `tool_choice` `"required"` or a named function
+//! (the agent calls no client tools; `"auto"`, `"none"` and `tools` alone are ignored), and
+//! `response_format` of type `json_schema` or `json_object` (no structured output). `user` counts
+//! only as a non-empty string; an object or a number is ignored. A message's text is its string
+//! content or its `text` parts joined by newlines. The turn's input is the last user message;
+//! only `system` messages may follow it (ignored, like every system message: the agent has its
+//! own prompts); a trailing `assistant` or `tool` message is a 400 with `param: "messages"`.
 //!
-//! A client that resends the history therefore stays on its thread, and a pending approval is
-//! answered by the next request's last user message (the agent's gateway reads it). The last
-//! user message is the turn's input; the earlier messages only identify the conversation (the
-//! agent keeps its own history in its checkpoints). The session's user id is the `user` field,
-//! else header `X-OpenWebUI-User-Id`, else `api`; its interface is `openwebui`.
+//! # Background tasks
+//! Open WebUI asks the chat's model for titles, tags, follow-up suggestions, search queries and
+//! autocompletions. A request is such a task when its `metadata.task` is a non-empty string (a
+//! client that passes Open WebUI's metadata on) or its last user message begins with `### Task:`
+//! after leading whitespace, as Open WebUI's prompt templates do (Open WebUI drops `metadata`
+//! before it calls a connection). A task runs no turn and reads or writes no thread: its messages
+//! go as they are (`system`/`developer` as system, `assistant` as assistant, any other role as
+//! user; messages without text left out) to one LLM call of the `response` role, whose text and
+//! usage are answered in the usual shape, JSON or SSE. A failed call is a 500 `server_error`.
+//!
+//! # Conversation identity
+//! Chat clients resend the whole history with every request, so the agent thread is found from
+//! the request. Its id is `oai-<owner tag>-<16 hex>`, the hex digits from the first rule that applies:
+//! 1. Header `X-OpenWebUI-Chat-Id` (Open WebUI with `ENABLE_FORWARD_USER_INFO_HEADERS`), else
+//!    header `X-Session-Id`: the first 16 hex digits of SHA-256 over
+//!    `<caller>\n<source>\n<value>\n`, source `chat-id` or `session-id`.
+//! 2. A history with an answer (an `assistant` message after the first user message): the first
+//!    16 hex digits of SHA-256 over `<caller>\nhistory\n` and four parts, each written as
+//!    `<UTF-8 byte length>:<text>\n`: the `user` field (or empty), header `X-OpenWebUI-User-Id`
+//!    (or empty), the first user message's text, and the first assistant message after it as the
+//!    client resends it (status lines included), with every thread id in it (`oai-`, 12 hex
+//!    digits, `-`, 16 hex digits) replaced by `oai-*`, its whitespace runs made single spaces,
+//!    trimmed.
+//! 3. Otherwise the request starts a new conversation: its turn runs on a fresh thread,
+//!    `oai-<owner tag>-` + 16 random hex digits. When the turn has ended, the server copies that
+//!    thread's checkpoints (and moves its pending plan) to the id rule 2 derives from the answer
+//!    it sent, deletes the fresh thread, and only then sends the end of the answer (its last
+//!    content, `finish_reason` and `[DONE]`, or the JSON answer). The client's next request
+//!    therefore finds the thread, whichever process serving a shared store answers it; an answer
+//!    that names its thread names the one it was filed under.
+//!
+//! `<caller>` is the hex SHA-256 of the caller's API key, or `anonymous` when the server has no
+//! keys, so two keys never share a thread; in rule 2 the `user` field and Open WebUI's user id
+//! keep one key's users apart. Two chats that both start with "hi" are two conversations. When
+//! their first answers are the same too (the derived id is taken), the later answer ends with an
+//! invisible mark (U+2060, then twenty of U+200B/U+200C holding random bits) that clients
+//! resend and trimming keeps, and is filed under the id derived with the mark. A first turn
+//! whose client went away before the end is filed under what had been sent (Open WebUI keeps a
+//! stopped answer and resends it); when that id is taken, the conversation continues on that
+//! thread. A first turn that stored nothing (a refused message, a `/help` reply) is not filed,
+//! and a history whose thread does not exist starts it.
+//!
+//! A first turn that ends in an approval prompt is filed with its pending approval, so the next
+//! request (the history with the prompt, then `yes` or `no`) answers it on the derived thread;
+//! the agent's gateway reads the last user message. The last user message is the turn's input;
+//! the earlier messages only identify the conversation (the agent keeps its own history in its
+//! checkpoints). The session's user id is the `user` field, else header `X-OpenWebUI-User-Id`,
+//! else `api`, prefixed with `<first 16 hex digits of the key's digest>:` on a server with keys;
+//! its interface is `openwebui`.
 //!
 //! # Streaming
 //! Every chunk has the same `id` and `created`; the first delta is `{"role":"assistant"}`. With
@@ -42,17 +149,24 @@
 //! sends its text as one piece. A final chunk carries `finish_reason: "stop"` (every other
 //! chunk has `null`); with `stream_options.include_usage`, a chunk with `choices: []` and the
 //! turn's `usage` comes just before `data: [DONE]`. A run error after the stream began is sent
-//! as a `data: {"error": {..}}` event before `[DONE]`.
+//! as a `data: {"error": {..}}` event before `[DONE]`. A stream that has sent nothing for 15 s
+//! sends the SSE comment `: keep-alive` (clients ignore comments), so that proxies do not cut a
+//! long turn.
 //!
 //! # Cancellation
-//! A client that disconnects (or drops a non-stream request) cancels the turn; its last
-//! checkpoint stays and the next message continues the conversation.
+//! On `/v1/chat/completions`, a client that disconnects (or drops a non-stream request) cancels
+//! the turn; its last checkpoint stays and the next message continues the conversation (a first
+//! turn is filed under what was sent before the client left, see Conversation identity). Native
+//! runs are cancelled only by `POST …/cancel`.
 
 mod auth;
 mod chat;
 mod error;
+mod native;
 mod progress;
 mod request;
+mod runs;
+mod ui;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -72,10 +186,14 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 /// The owner every listed model has.
 pub const OWNED_BY: &str = "peregrine";
 
+/// Replaces the secrets of the configuration in a text (error messages quote storage and
+/// provider errors, which may quote a URL with its password).
+pub type Redact = Arc<dyn Fn(&str) -> String + Send + Sync>;
+
 /// How the API is served.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServerOptions {
-    /// The model id clients select (and must send as `model`).
+    /// The model id clients select (and must send as `model`); also the name the web UI shows.
     pub model_id: String,
     /// Accepted API keys; empty serves without authentication.
     pub api_keys: Vec<Secret>,
@@ -83,12 +201,36 @@ pub struct ServerOptions {
     pub max_body_bytes: usize,
     /// Whether a stream carries progress lines in its content before the answer.
     pub status_lines: bool,
+    /// Applied to every error text before it is answered or logged.
+    pub redact: Redact,
+    /// Where an approved plan's pending plan files live (`<agent_data_dir>`), so that deleting a
+    /// thread deletes its pending plan too; `None` leaves them.
+    pub agent_data_dir: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for ServerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerOptions")
+            .field("model_id", &self.model_id)
+            .field("api_keys", &self.api_keys.len())
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("status_lines", &self.status_lines)
+            .field("agent_data_dir", &self.agent_data_dir)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ServerOptions {
     /// Options serving `model_id` without keys, with a 1 MiB body limit and status lines.
     pub fn new(model_id: impl Into<String>) -> Self {
-        Self { model_id: model_id.into(), api_keys: Vec::new(), max_body_bytes: DEFAULT_MAX_BODY_BYTES, status_lines: true }
+        Self {
+            model_id: model_id.into(),
+            api_keys: Vec::new(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            status_lines: true,
+            redact: Arc::new(str::to_owned),
+            agent_data_dir: None,
+        }
     }
 }
 
@@ -98,9 +240,10 @@ impl Default for ServerOptions {
     }
 }
 
-/// The OpenAI-compatible API of `agent`.
+/// The whole HTTP surface of `agent`: the OpenAI-compatible API, the native threads/runs API
+/// and the web UI.
 pub fn router(agent: Arc<Agent>, options: ServerOptions) -> Router {
-    let ServerOptions { model_id, api_keys, max_body_bytes, status_lines } = options;
+    let ServerOptions { model_id, api_keys, max_body_bytes, status_lines, redact, agent_data_dir } = options;
     let state = chat::ServerState {
         agent,
         model_id,
@@ -109,12 +252,19 @@ pub fn router(agent: Arc<Agent>, options: ServerOptions) -> Router {
         status_lines,
         started_unix: chrono::Utc::now().timestamp(),
         busy: Mutex::new(HashSet::new()),
+        redact,
+        agent_data_dir,
+        runs: runs::RunRegistry::default(),
     };
     Router::new()
         .route("/v1/models", get(chat::models))
+        .route("/v1/models/{model}", get(chat::model))
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .merge(native::routes())
+        .merge(ui::routes())
         .fallback(chat::unknown_route)
-        // The chat handler reads the body itself, with its own limit and an OpenAI 413.
+        .method_not_allowed_fallback(chat::method_not_allowed)
+        // The handlers read bodies themselves, with their own limit and a JSON 413.
         .layer(DefaultBodyLimit::disable())
         .with_state(Arc::new(state))
 }

@@ -7,8 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use peregrine_agent::Agent;
+use peregrine_core::state::Role;
 use peregrine_llm::Secret;
-use peregrine_server::{ServerOptions, router};
+use peregrine_server::{CHAT_ID_HEADER, ServerOptions, USER_ID_HEADER, router};
 use peregrine_testkit::agent_fixture::{LlmCall, answer_reply, call_counts, weather_agent, weather_script, with_weather_replies};
 use peregrine_testkit::llm_server::{Fault, Reply, Script, ScriptedLlmServer};
 use serde_json::{Value, json};
@@ -21,6 +23,7 @@ struct Served {
     url: String,
     llm: ScriptedLlmServer,
     client: reqwest::Client,
+    agent: Arc<Agent>,
     _dir: tempfile::TempDir,
 }
 
@@ -28,11 +31,12 @@ async fn serve(script: Script, options: ServerOptions) -> Served {
     let llm = ScriptedLlmServer::start(script).await;
     let dir = tempfile::tempdir().unwrap();
     let agent = weather_agent(&llm.base_url(), 30.0, &dir.path().join("checkpoints.db"), &dir.path().join("data")).await.unwrap();
+    let agent = Arc::new(agent);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    let app = router(Arc::new(agent), options);
+    let app = router(Arc::clone(&agent), options);
     tokio::spawn(async move { axum::serve(listener, app).await });
-    Served { url, llm, client: reqwest::Client::new(), _dir: dir }
+    Served { url, llm, client: reqwest::Client::new(), agent, _dir: dir }
 }
 
 fn options() -> ServerOptions {
@@ -67,6 +71,17 @@ impl Served {
 
     fn calls(&self, call: LlmCall) -> usize {
         call_counts(&self.llm.chat_requests()).get(&call).copied().unwrap_or(0)
+    }
+
+    /// The ids of the agent's threads.
+    async fn threads(&self) -> Vec<String> {
+        self.agent.graph().threads().await.unwrap().into_iter().map(|thread| thread.thread_id).collect()
+    }
+
+    /// How many user messages the thread's state holds (the turns it ran).
+    async fn user_messages(&self, thread_id: &str) -> usize {
+        let snapshot = self.agent.graph().get_state(thread_id).await.unwrap().unwrap();
+        snapshot.state.messages.iter().filter(|message| message.role == Role::User).count()
     }
 }
 
@@ -283,12 +298,14 @@ async fn wait_until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
 async fn a_busy_thread_is_refused_and_a_dropped_client_cancels_the_turn() {
     let held_answer = Reply::sequence(vec![Reply::fault(Fault::Timeout), answer_reply()]);
     let served = serve(with_weather_replies(Script::new().on_plain(held_answer)), options()).await;
-    let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
+    // A conversation past its first exchange: every request with this history is on one thread.
+    let history = json!([user(QUESTION), assistant("Which city?"), user(QUESTION)]);
+    let body = json!({"model": MODEL, "messages": history, "stream": true});
     let first = served.post(&body).send().await.unwrap();
     assert_eq!(first.status().as_u16(), 200);
     wait_until("respond's LLM call is held", async || served.calls(LlmCall::Respond) == 1).await;
 
-    let (status, busy) = served.chat(json!([user(QUESTION)])).await;
+    let (status, busy) = served.chat(history.clone()).await;
     assert_eq!(status, 409, "{busy}");
     assert_error(&busy, Some("thread_busy"));
 
@@ -297,7 +314,7 @@ async fn a_busy_thread_is_refused_and_a_dropped_client_cancels_the_turn() {
     // dropped client cancelled the turn.
     let mut last = (0, Value::Null);
     wait_until("the cancelled turn frees its thread", async || {
-        last = served.chat(json!([user(QUESTION)])).await;
+        last = served.chat(history.clone()).await;
         last.0 != 409
     })
     .await;
@@ -355,4 +372,236 @@ async fn an_approval_recorded_by_a_cut_off_turn_is_finished_by_the_next_message(
     let counts = call_counts(&llm.chat_requests());
     assert_eq!(counts.get(&LlmCall::Orchestrator), Some(&1), "the approved plan runs, no new plan: {counts:?}");
     assert_eq!(counts.get(&LlmCall::CurrentWeather), Some(&1), "{counts:?}");
+}
+
+/// The content of a streamed answer read so far, from the complete `data:` events in `text`.
+fn streamed_content(text: &str) -> String {
+    text.split("\n\n")
+        .filter_map(|event| event.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The invisible mark a first answer gets when another conversation had the same first exchange.
+fn is_mark(c: char) -> bool {
+    matches!(c, '\u{2060}' | '\u{200B}' | '\u{200C}')
+}
+
+#[tokio::test]
+async fn two_chats_that_start_alike_are_two_conversations() {
+    let served = serve(weather_script(), options()).await;
+    let (_, asked_a) = served.chat(json!([user(PLANNING)])).await;
+    let (_, asked_b) = served.chat(json!([user(PLANNING)])).await;
+    let (prompt_a, prompt_b) = (content(&asked_a), content(&asked_b));
+    assert!(prompt_a.contains("HUMAN APPROVAL REQUIRED") && !prompt_a.contains(is_mark), "{prompt_a:?}");
+    // The same question got the same answer (but for the thread each names): B's ends with an
+    // invisible mark, so that the two chats resend different histories.
+    assert!(prompt_b.ends_with(is_mark) && prompt_b.trim_end_matches(is_mark).len() == prompt_a.len(), "{prompt_b:?}");
+    let threads = served.threads().await;
+    assert_eq!(threads.len(), 2, "each chat has its thread and no first-turn thread is left: {threads:?}");
+    // A prompt that names its plan file (the terminal's do) names that of the thread its chat
+    // continues on, and the file is there.
+    for prompt in [&prompt_a, &prompt_b] {
+        for path in prompt.split('`').filter(|part| part.ends_with("pending_execution_plan.json")) {
+            let thread = path.split('/').rev().nth(1).unwrap();
+            assert!(threads.iter().any(|id| id == thread), "{thread} in {threads:?}");
+            assert!(std::path::Path::new(path).is_file(), "{path}");
+        }
+    }
+
+    // On A's thread this would answer A's approval; B's own thread plans anew.
+    let (status, rejected) = served.chat(json!([user(PLANNING), assistant(&prompt_b), user("no")])).await;
+    assert_eq!(status, 200, "{rejected}");
+    assert_eq!(served.calls(LlmCall::CurrentWeather), 0);
+    let (status, done) = served.chat(json!([user(PLANNING), assistant(&prompt_a), user("yes")])).await;
+    assert_eq!(status, 200, "{done}");
+    assert!(content(&done).contains("Weather in Prague"), "{done}");
+    assert_eq!(served.calls(LlmCall::CurrentWeather), 1, "only A's approved plan ran");
+    assert_eq!(served.threads().await.len(), 2);
+}
+
+#[tokio::test]
+async fn a_streamed_first_turn_is_continued_by_the_history_the_client_resends() {
+    let served = serve(weather_script(), options()).await;
+    let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
+    let streamed = streamed_content(&served.post(&body).send().await.unwrap().text().await.unwrap());
+    assert!(streamed.starts_with("> ") && streamed.contains("Weather in Prague"), "status lines and the answer: {streamed:?}");
+    let first = served.threads().await;
+    assert_eq!(first.len(), 1, "{first:?}");
+
+    let body = json!({"model": MODEL, "user": null, "messages": [user(QUESTION), assistant(&streamed), user("And now?")], "stream": true});
+    let second = streamed_content(&served.post(&body).send().await.unwrap().text().await.unwrap());
+    assert!(second.contains("Weather in Prague"), "{second:?}");
+    assert_eq!(served.threads().await, first, "the second turn ran on the first turn's thread");
+    assert_eq!(served.user_messages(&first[0]).await, 2);
+}
+
+#[tokio::test]
+async fn a_cut_off_first_turn_is_filed_under_what_the_client_got() {
+    let held_answer = Reply::sequence(vec![Reply::fault(Fault::Timeout), answer_reply()]);
+    let served = serve(with_weather_replies(Script::new().on_plain(held_answer)), options()).await;
+    let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
+    let mut response = served.post(&body).send().await.unwrap();
+    // Read until the last status line before respond's held call: nothing more comes after it.
+    // Bytes, not text: a chunk may end inside a character.
+    let mut received = Vec::new();
+    while !streamed_content(&String::from_utf8_lossy(&received)).contains("respond…\n") {
+        let chunk = tokio::time::timeout(Duration::from_secs(20), response.chunk()).await.expect("more of the stream").unwrap();
+        received.extend_from_slice(&chunk.expect("the stream goes on"));
+    }
+    let got = streamed_content(&String::from_utf8_lossy(&received));
+    let fresh = served.threads().await;
+    assert_eq!(fresh.len(), 1, "{fresh:?}");
+    drop(response);
+    wait_until("the cancelled first turn is filed", async || {
+        let threads = served.threads().await;
+        threads.len() == 1 && threads != fresh
+    })
+    .await;
+
+    // The client resends what it got: the conversation goes on where the turn was cut off.
+    let (status, answered) = served.chat(json!([user(QUESTION), assistant(&got), user(QUESTION)])).await;
+    assert_eq!(status, 200, "{answered}");
+    assert!(content(&answered).contains("Weather in Prague"), "{answered}");
+    let threads = served.threads().await;
+    assert_eq!(threads.len(), 1, "{threads:?}");
+    assert_eq!(served.user_messages(&threads[0]).await, 2);
+}
+
+#[tokio::test]
+async fn open_webui_background_tasks_are_one_llm_call_on_no_thread() {
+    const TITLE: &str = "{\"title\": \"🌦️ Prague Weather\"}";
+    let script = Script::new()
+        .on_prompt_containing("### Task:", Reply::text(TITLE).with_usage(120, 9))
+        .on_prompt_containing("Summarize the chat", Reply::text("A summary.").with_usage(30, 3));
+    let served = serve(with_weather_replies(script), options()).await;
+    let prompt = "### Task:\nGenerate a concise, 3-5 word title with an emoji summarizing the chat history.\n\
+                  ### Output:\nJSON format: { \"title\": \"your concise title here\" }\n\
+                  ### Chat History:\n<chat_history>\nUSER: What's the weather in Prague?\nASSISTANT: 12 °C, partly cloudy.\n</chat_history>";
+    let title = json!({"model": MODEL, "messages": [user(prompt)], "stream": false});
+    let response = served.post(&title).header(CHAT_ID_HEADER, "chat-1").header(USER_ID_HEADER, "u1").send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(content(&body), TITLE, "{body}");
+    assert_eq!((body["object"].as_str(), body["choices"][0]["finish_reason"].as_str()), (Some("chat.completion"), Some("stop")));
+    assert_eq!(body["usage"], json!({"prompt_tokens": 120, "completion_tokens": 9, "total_tokens": 129}));
+
+    let messages = json!([{"role": "system", "content": "Be brief."}, user("Summarize the chat so far.")]);
+    let follow_up = json!({
+        "model": MODEL, "messages": messages, "stream": true, "stream_options": {"include_usage": true},
+        "metadata": {"task": "follow_up_generation", "chat_id": "chat-1"},
+    });
+    let events = sse_events(&served.post(&follow_up).send().await.unwrap().text().await.unwrap());
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|event| serde_json::from_str(event).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant"}));
+    let text: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, "A summary.");
+    assert_eq!(chunks.last().unwrap()["usage"]["total_tokens"], 33);
+    assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], "stop");
+
+    let requests = served.llm.chat_requests();
+    assert_eq!(requests.len(), 2, "one LLM call each, no agent turn: {requests:?}");
+    assert_eq!(requests[0].messages(), [("user".to_owned(), prompt.to_owned())], "the messages as they are");
+    assert_eq!(
+        requests[1].messages(),
+        [("system".to_owned(), "Be brief.".to_owned()), ("user".to_owned(), "Summarize the chat so far.".to_owned())]
+    );
+    assert!(served.threads().await.is_empty(), "no thread was read or written");
+}
+
+#[tokio::test]
+async fn error_texts_are_redacted() {
+    const SECRET: &str = "pg-pa55word-7f3a";
+    let fault = Fault::Http {
+        status: 503,
+        error_type: "server_error".into(),
+        code: None,
+        message: format!("the upstream store at postgres://peregrine:{SECRET}@db:5432 is down"),
+    };
+    let redact: peregrine_server::Redact = Arc::new(|text: &str| text.replace(SECRET, "[REDACTED]"));
+    let served = serve(Script::new().otherwise(Reply::fault(fault)), ServerOptions { redact, ..options() }).await;
+
+    let task = json!({"model": MODEL, "messages": [user("### Task:\nGenerate a title.")]});
+    let response = served.post(&task).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 500);
+    let text = response.text().await.unwrap();
+    assert!(text.contains("[REDACTED]") && !text.contains(SECRET), "{text}");
+    assert_error(&serde_json::from_str(&text).unwrap(), None);
+
+    // A turn whose every LLM call fails ends with the error node's report, redacted too.
+    let (status, failed) = served.chat(json!([user(QUESTION)])).await;
+    assert_eq!(status, 200, "{failed}");
+    let report = content(&failed);
+    assert!(report.contains("ERROR REPORT") && report.contains("[REDACTED]") && !report.contains(SECRET), "{report}");
+    let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
+    let streamed = served.post(&body).send().await.unwrap().text().await.unwrap();
+    assert!(streamed_content(&streamed).contains("[REDACTED]") && !streamed.contains(SECRET), "{streamed}");
+    assert!(served.llm.chat_requests().len() > 1, "the turns called the model");
+}
+
+#[tokio::test]
+async fn lenient_fields_are_ignored_and_unanswerable_options_refused() {
+    let served = serve(weather_script(), options()).await;
+    for user_field in [json!({"id": "u1", "name": "Ada"}), json!(42)] {
+        let body = json!({"model": MODEL, "user": user_field, "messages": [user(QUESTION)]});
+        let response = served.post(&body).send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 200, "user {user_field} is ignored");
+    }
+    // A system message after the user's (Open WebUI adds context that way): the user's message is the input.
+    let (status, body) = served.chat(json!([user(QUESTION), {"role": "system", "content": "Context: none."}])).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(content(&body).contains("Weather in Prague"), "{body}");
+    let before = served.llm.chat_requests().len();
+
+    let refused = [
+        (json!({"n": 2}), "n"),
+        (json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "required"}), "tool_choice"),
+        (json!({"tool_choice": {"type": "function", "function": {"name": "f"}}}), "tool_choice"),
+        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}), "response_format"),
+        (json!({"response_format": {"type": "json_object"}}), "response_format"),
+    ];
+    for (fields, param) in refused {
+        let mut body = json!({"model": MODEL, "messages": [user(QUESTION)]});
+        body.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+        let response = served.post(&body).send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 400, "{fields}");
+        let error: Value = response.json().await.unwrap();
+        assert_error(&error, Some("unsupported_value"));
+        assert_eq!(error["error"]["param"], param, "{error}");
+    }
+    assert_eq!(served.llm.chat_requests().len(), before, "no refused request ran a turn");
+}
+
+#[tokio::test]
+async fn a_model_is_retrieved_by_id_and_wrong_methods_get_405() {
+    let served = serve(weather_script(), ServerOptions { api_keys: vec![Secret::new("sk-m")], ..options() }).await;
+    let get = |path: &str| served.client.get(format!("{}{path}", served.url)).bearer_auth("sk-m");
+    let model: Value = get(&format!("/models/{MODEL}")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (model["id"].as_str(), model["object"].as_str(), model["owned_by"].as_str()),
+        (Some(MODEL), Some("model"), Some("peregrine"))
+    );
+    let listed: Value = get("/models").send().await.unwrap().json().await.unwrap();
+    assert_eq!(listed["data"][0], model);
+
+    let unknown = get("/models/gpt-4o").send().await.unwrap();
+    assert_eq!(unknown.status().as_u16(), 404);
+    let unknown: Value = unknown.json().await.unwrap();
+    assert_error(&unknown, Some("model_not_found"));
+    assert_eq!(unknown["error"]["param"], "model");
+    let no_key = served.client.get(format!("{}/models/{MODEL}", served.url)).send().await.unwrap();
+    assert_eq!(no_key.status().as_u16(), 401);
+
+    for (method, path) in
+        [(reqwest::Method::GET, "/chat/completions"), (reqwest::Method::DELETE, "/models"), (reqwest::Method::POST, "/models")]
+    {
+        let response = served.client.request(method.clone(), format!("{}{path}", served.url)).bearer_auth("sk-m").send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 405, "{method} {path}");
+        let error: Value = response.json().await.unwrap();
+        assert_error(&error, Some("method_not_allowed"));
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+        assert!(error["error"]["message"].as_str().unwrap().contains(path), "{error}");
+    }
+    assert_eq!(served.llm.chat_requests().len(), 0);
 }

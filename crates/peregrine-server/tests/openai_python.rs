@@ -11,6 +11,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use peregrine_agent::Agent;
+use peregrine_core::state::Role;
 use peregrine_llm::Secret;
 use peregrine_server::{ServerOptions, router};
 use peregrine_testkit::agent_fixture::{LlmCall, call_counts, weather_agent, weather_script};
@@ -27,6 +29,7 @@ const SCRIPT_LIMIT: Duration = Duration::from_secs(180);
 struct Served {
     url: String,
     llm: ScriptedLlmServer,
+    agent: Arc<Agent>,
     _dir: tempfile::TempDir,
 }
 
@@ -34,17 +37,29 @@ impl Served {
     fn calls(&self, call: LlmCall) -> usize {
         call_counts(&self.llm.chat_requests()).get(&call).copied().unwrap_or(0)
     }
+
+    /// The agent's threads with the number of user messages each holds.
+    async fn threads(&self) -> Vec<(String, usize)> {
+        let mut threads = Vec::new();
+        for thread in self.agent.graph().threads().await.unwrap() {
+            let snapshot = self.agent.graph().get_state(&thread.thread_id).await.unwrap().unwrap();
+            let users = snapshot.state.messages.iter().filter(|message| message.role == Role::User).count();
+            threads.push((thread.thread_id, users));
+        }
+        threads
+    }
 }
 
 async fn serve() -> Served {
     let llm = ScriptedLlmServer::start(weather_script()).await;
     let dir = tempfile::tempdir().unwrap();
     let agent = weather_agent(&llm.base_url(), 30.0, &dir.path().join("checkpoints.db"), &dir.path().join("data")).await.unwrap();
+    let agent = Arc::new(agent);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    let app = router(Arc::new(agent), ServerOptions { api_keys: vec![Secret::new(API_KEY)], ..ServerOptions::new(MODEL) });
+    let app = router(Arc::clone(&agent), ServerOptions { api_keys: vec![Secret::new(API_KEY)], ..ServerOptions::new(MODEL) });
     tokio::spawn(async move { axum::serve(listener, app).await });
-    Served { url, llm, _dir: dir }
+    Served { url, llm, agent, _dir: dir }
 }
 
 fn script() -> PathBuf {
@@ -141,6 +156,12 @@ async fn the_client_lists_the_served_model() {
     let observed = run_check(&served, "models").await;
     assert_eq!(observed["ids"], serde_json::json!([MODEL]), "{observed}");
     assert_eq!(observed["owned_by"], serde_json::json!([peregrine_server::OWNED_BY]), "{observed}");
+    assert_eq!(observed["retrieved"], MODEL, "{observed}");
+    assert_eq!(
+        (observed["unknown"]["error"].as_str(), observed["unknown"]["status_code"].as_u64(), observed["unknown"]["code"].as_str()),
+        (Some("NotFoundError"), Some(404), Some("model_not_found")),
+        "{observed}"
+    );
     assert_eq!(served.llm.chat_requests().len(), 0, "listing models runs no turn");
 }
 
@@ -201,6 +222,56 @@ async fn the_client_raises_typed_errors() {
     assert_eq!(error("unknown_model"), ("NotFoundError".into(), 404.into(), "model_not_found".into()), "{observed}");
     assert_eq!((error("assistant_last").0, error("assistant_last").1), ("BadRequestError".into(), 400.into()), "{observed}");
     assert_eq!(observed["assistant_last"]["param"], "messages", "{observed}");
+    for (name, param) in [("two_choices", "n"), ("json_output", "response_format"), ("forced_tool", "tool_choice")] {
+        assert_eq!(error(name), ("BadRequestError".into(), 400.into(), "unsupported_value".into()), "{name}: {observed}");
+        assert_eq!(observed[name]["param"], param, "{observed}");
+    }
     assert!(!observed.to_string().contains(API_KEY), "no key is echoed: {observed}");
     assert_eq!(served.llm.chat_requests().len(), 0, "no refused request ran a turn");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_answers_a_streamed_approval_with_the_history_it_streamed() {
+    if !openai_client_available() {
+        return;
+    }
+    let served = serve().await;
+    let observed = run_check(&served, "approval_stream").await;
+    assert!(text(&observed, "/prompt").contains("> planning…"), "{observed}");
+    assert!(text(&observed, "/answer").contains("Weather in Prague"), "{observed}");
+    assert_eq!(served.calls(LlmCall::Orchestrator), 1, "the approved plan runs without planning again");
+    assert_eq!(served.calls(LlmCall::CurrentWeather), 1);
+    let threads = served.threads().await;
+    assert_eq!(threads.len(), 1, "the answer went to the first turn's thread: {threads:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_two_chats_with_the_same_first_message_stay_apart() {
+    if !openai_client_available() {
+        return;
+    }
+    let served = serve().await;
+    let observed = run_check(&served, "two_chats").await;
+    for pointer in ["/follow_ups/0", "/follow_ups/1"] {
+        assert!(text(&observed, pointer).contains("Weather in Prague"), "{observed}");
+    }
+    let threads = served.threads().await;
+    assert_eq!(threads.len(), 2, "{threads:?}");
+    assert!(threads.iter().all(|(_, users)| *users == 2), "each chat's two messages are on its own thread: {threads:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_gets_a_background_task_answered_without_a_turn() {
+    if !openai_client_available() {
+        return;
+    }
+    let served = serve().await;
+    let observed = run_check(&served, "task").await;
+    // The weather script answers any plain call with its respond text.
+    assert_eq!(observed["content"], "I have no weather data to report.", "{observed}");
+    assert_eq!(observed["streamed"], observed["content"], "{observed}");
+    assert_eq!(observed["finish_reason"], "stop", "{observed}");
+    assert_usage(&observed["stream_usage"]);
+    assert_eq!(served.llm.chat_requests().len(), 2, "one model call per request");
+    assert!(served.threads().await.is_empty(), "no thread was touched");
 }

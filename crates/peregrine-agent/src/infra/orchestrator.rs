@@ -228,13 +228,21 @@ impl Orchestrator {
         let plan_value = serde_json::to_value(&plan).map_err(|error| {
             CapabilityError::from_error(error).classified(ErrorClassification::critical("The plan could not be serialized for approval"))
         })?;
-        let body = format!(
-            "**Execution plan** ({} steps):\n\n{}\n\n_The plan is saved at `{}`. To change it before approving, write the edited plan to `{}`._",
-            plan.steps.len(),
-            prompt::numbered_steps(&plan),
-            path.display(),
-            pending.modified_path().display(),
-        );
+        // The plan files are on the agent's machine: only a terminal user there can edit them
+        // (API and web clients send an edited plan with their answer instead).
+        let remote = state
+            .session_state
+            .get(peregrine_core::state::session_keys::INTERFACE)
+            .and_then(Value::as_str)
+            .is_some_and(|interface| matches!(interface, "api" | "openwebui"));
+        let mut body = format!("**Execution plan** ({} steps):\n\n{}", plan.steps.len(), prompt::numbered_steps(&plan));
+        if !remote {
+            body.push_str(&format!(
+                "\n\n_The plan is saved at `{}`. To change it before approving, write the edited plan to `{}`._",
+                path.display(),
+                pending.modified_path().display(),
+            ));
+        }
         let payload = serde_json::json!({
             "approval_type": PLAN_APPROVAL_TYPE,
             "execution_plan": plan_value,

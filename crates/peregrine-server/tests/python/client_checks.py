@@ -4,7 +4,7 @@
 Usage: client_checks.py BASE_URL API_KEY CHECK
   BASE_URL  the API root, e.g. http://127.0.0.1:8080/v1
   API_KEY   a key the server accepts
-  CHECK     one of: models, nonstream, stream, approval, errors
+  CHECK     one of: models, nonstream, stream, approval, approval_stream, two_chats, task, errors
 
 Each check prints one JSON line with what it observed and exits 0, or prints
 `client_checks.py CHECK: what went wrong` to stderr and exits 1 (2 for a usage error).
@@ -56,7 +56,15 @@ def check_models(client, _api_key):
     expect(models, "GET /models listed no model")
     for model in models:
         expect(model.object == "model", f"model {model.id!r} has object {model.object!r}")
-    return {"ids": [model.id for model in models], "owned_by": [model.owned_by for model in models]}
+    retrieved = client.models.retrieve(models[0].id)
+    expect(retrieved.id == models[0].id, f"GET /models/{models[0].id} answered {retrieved.id!r}")
+    unknown = expect_error(openai.NotFoundError, lambda: client.models.retrieve(models[0].id + "-unknown"))
+    return {
+        "ids": [model.id for model in models],
+        "owned_by": [model.owned_by for model in models],
+        "retrieved": retrieved.id,
+        "unknown": unknown,
+    }
 
 
 def check_nonstream(client, _api_key):
@@ -119,6 +127,53 @@ def check_approval(client, _api_key):
     return {"prompt": prompt, "answer": answer, "finish_reason": done.choices[0].finish_reason}
 
 
+def check_approval_stream(client, _api_key):
+    """The approval prompt streamed (status lines and all), then answered with the history as streamed."""
+    model = served_model(client)
+    history = [{"role": "user", "content": PLANNING}]
+    stream = client.chat.completions.create(model=model, messages=history, stream=True)
+    prompt = "".join(choice.delta.content or "" for chunk in stream for choice in chunk.choices)
+    expect(APPROVAL_MARKER in prompt, f"the first answer is not an approval prompt: {prompt!r}")
+    expect(prompt.startswith("> "), f"the streamed prompt has no status lines: {prompt!r}")
+    history += [{"role": "assistant", "content": prompt}, {"role": "user", "content": "yes"}]
+    done = client.chat.completions.create(model=model, messages=history)
+    answer = done.choices[0].message.content or ""
+    expect(APPROVAL_MARKER not in answer, f"the approval was asked again: {answer!r}")
+    return {"prompt": prompt, "answer": answer}
+
+
+def check_two_chats(client, _api_key):
+    """Two chats that start with the same message, each continued with its own history."""
+    model = served_model(client)
+    first = [{"role": "user", "content": QUESTION}]
+    answers = [client.chat.completions.create(model=model, messages=first).choices[0].message.content or "" for _ in range(2)]
+    expect(answers[0] != answers[1], f"two chats got the same first answer, so they cannot be told apart: {answers!r}")
+    follow_ups = []
+    for answer in answers:
+        history = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": QUESTION}]
+        follow_ups.append(client.chat.completions.create(model=model, messages=history).choices[0].message.content or "")
+    return {"first_answers": answers, "follow_ups": follow_ups}
+
+
+def check_task(client, _api_key):
+    """An Open WebUI title request: answered by one model call, in the usual shape."""
+    model = served_model(client)
+    prompt = "### Task:\nGenerate a concise, 3-5 word title summarizing the chat history.\n<chat_history>\nUSER: hi\n</chat_history>"
+    completion = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}])
+    expect(completion.object == "chat.completion", f"object is {completion.object!r}")
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    streamed = "".join(choice.delta.content or "" for chunk in chunks for choice in chunk.choices)
+    return {
+        "content": completion.choices[0].message.content,
+        "finish_reason": completion.choices[0].finish_reason,
+        "streamed": streamed,
+        "stream_usage": usage_of(chunks[-1].usage) if chunks and chunks[-1].usage else None,
+    }
+
+
 def expect_error(kind, request, secret=None):
     """Runs `request`, which must raise `kind`; returns what the error carried."""
     try:
@@ -149,8 +204,29 @@ def check_errors(client, api_key):
             openai.BadRequestError,
             lambda: client.chat.completions.create(model=model, messages=question + [{"role": "assistant", "content": "It is sunny."}]),
         ),
+        "two_choices": expect_error(openai.BadRequestError, lambda: client.chat.completions.create(model=model, messages=question, n=2)),
+        "json_output": expect_error(
+            openai.BadRequestError,
+            lambda: client.chat.completions.create(model=model, messages=question, response_format={"type": "json_object"}),
+        ),
+        "forced_tool": expect_error(
+            openai.BadRequestError,
+            lambda: client.chat.completions.create(
+                model=model,
+                messages=question,
+                tools=[{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}],
+                tool_choice="required",
+            ),
+        ),
     }
-    for name, status in [("wrong_key", 401), ("unknown_model", 404), ("assistant_last", 400)]:
+    for name, status in [
+        ("wrong_key", 401),
+        ("unknown_model", 404),
+        ("assistant_last", 400),
+        ("two_choices", 400),
+        ("json_output", 400),
+        ("forced_tool", 400),
+    ]:
         expect(observed[name]["status_code"] == status, f"{name}: status {observed[name]['status_code']}, not {status}")
     return observed
 
@@ -160,6 +236,9 @@ CHECKS = {
     "nonstream": check_nonstream,
     "stream": check_stream,
     "approval": check_approval,
+    "approval_stream": check_approval_stream,
+    "two_chats": check_two_chats,
+    "task": check_task,
     "errors": check_errors,
 }
 

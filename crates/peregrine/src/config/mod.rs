@@ -397,6 +397,12 @@ impl Config {
         self.secrets.redact(text)
     }
 
+    /// [`Config::redact`] as a function that outlives the configuration (for the server).
+    pub fn redactor(&self) -> impl Fn(&str) -> String + Send + Sync + 'static {
+        let secrets = self.secrets.clone();
+        move |text: &str| secrets.redact(text)
+    }
+
     /// Whether the models are the embedded defaults' (the small local model for every role): no
     /// config file, or one without `models`. Such a run gets the embedded profile (task
     /// extraction bypassed, built-in capabilities left out, unless the file says otherwise) and

@@ -1,0 +1,731 @@
+//! The native threads/runs API: threads (create, list, get, delete, state, history) and runs
+//! (start as a background task, follow over SSE and reconnect with `Last-Event-ID`, wait,
+//! cancel), with approvals answered by a run of kind `resume`.
+//!
+//! Thread ownership is part of the thread id (`t-<owner tag>-…`, `oai-<owner tag>-…`), so every
+//! process serving the same store agrees on it without any table of its own; a thread of
+//! another key answers 404 exactly like a missing one.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use peregrine_agent::infra::orchestrator::pending::PendingPlans;
+use peregrine_agent::{AgentError, ERROR, Session, TurnOptions, TurnResult};
+use peregrine_core::state::{AgentState, AgentStateUpdate, Role};
+use peregrine_graph::{CheckpointError, CheckpointSource, ListQuery, PendingInterrupt, RunError, StateSnapshot};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::auth::Caller;
+use crate::chat::{BusyThread, ServerState, Shared};
+use crate::error::{ApiError, json_response};
+use crate::request::DEFAULT_USER;
+use crate::runs::{LoggedEvent, Run, RunKind, interrupt_json};
+
+/// The interface name runs of this API give their session.
+pub(crate) const API_INTERFACE: &str = "api";
+/// How often an idle SSE stream sends a `: keep-alive` comment.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// How long a run retries a thread that another process still holds (a PostgreSQL lock is
+/// released shortly after its run ended) before it is refused as busy.
+const BUSY_RETRY_FOR: Duration = Duration::from_secs(2);
+/// The longest thread id accepted from a client.
+const MAX_THREAD_ID_CHARS: usize = 128;
+/// The default and the largest page of `GET /threads` and `GET …/history`.
+const DEFAULT_PAGE: usize = 50;
+const MAX_PAGE: usize = 1000;
+
+/// The routes of the native API.
+pub(crate) fn routes() -> Router<Arc<ServerState>> {
+    Router::new()
+        .route("/info", get(info))
+        .route("/threads", post(create_thread).get(list_threads))
+        .route("/threads/{thread_id}", get(get_thread).delete(delete_thread))
+        .route("/threads/{thread_id}/state", get(thread_state))
+        .route("/threads/{thread_id}/history", get(thread_history))
+        .route("/threads/{thread_id}/runs", post(create_run).get(list_runs))
+        .route("/threads/{thread_id}/runs/stream", post(create_run_stream))
+        .route("/threads/{thread_id}/runs/wait", post(create_run_wait))
+        .route("/threads/{thread_id}/runs/{run_id}", get(get_run))
+        .route("/threads/{thread_id}/runs/{run_id}/stream", get(stream_run))
+        .route("/threads/{thread_id}/runs/{run_id}/wait", get(wait_run))
+        .route("/threads/{thread_id}/runs/{run_id}/cancel", post(cancel_run))
+}
+
+/// Runs a handler body and turns its error into the JSON error answer.
+fn respond(result: Result<Response, ApiError>) -> Response {
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+fn ok_json(status: StatusCode, body: &Value) -> Result<Response, ApiError> {
+    Ok(json_response(status, body))
+}
+
+/// `GET /info` (no key needed): what the web UI shows before it has a key.
+async fn info(State(state): Shared) -> Response {
+    json_response(StatusCode::OK, &json!({"name": state.model_id, "version": env!("CARGO_PKG_VERSION"), "auth": state.keys.required()}))
+}
+
+/// The caller, who must be allowed to see `thread_id` (else 404, as for a missing thread).
+fn caller_of(state: &ServerState, headers: &HeaderMap, thread_id: &str) -> Result<Caller, ApiError> {
+    let caller = state.keys.authenticate(headers)?;
+    if !caller.owns(thread_id) {
+        return Err(ApiError::thread_not_found(thread_id));
+    }
+    Ok(caller)
+}
+
+/// A storage failure, with the configuration's secrets removed from its text.
+fn store_error(state: &ServerState, error: &RunError) -> ApiError {
+    let error = ApiError::server_error(format!("The thread store failed: {error}. Try again; if it persists, check the checkpointer."));
+    tracing::warn!(error = %(state.redact)(&error.message), "native API store failure");
+    error.redacted(&state.redact)
+}
+
+/// The thread's newest state, or 404.
+async fn snapshot_of(state: &ServerState, thread_id: &str) -> Result<StateSnapshot<AgentState>, ApiError> {
+    match state.agent.graph().get_state(thread_id).await {
+        Ok(Some(snapshot)) => Ok(snapshot),
+        Ok(None) => Err(ApiError::thread_not_found(thread_id)),
+        Err(error) => Err(store_error(state, &error)),
+    }
+}
+
+async fn read_json<T: serde::de::DeserializeOwned>(state: &ServerState, headers: &HeaderMap, body: Body) -> Result<Option<T>, ApiError> {
+    let limit = state.max_body_bytes;
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|value| value.to_str().ok()).and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(ApiError::body_too_large(limit));
+    }
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| ApiError::body_too_large(limit))?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let unusable = |error: serde_json::Error| {
+        ApiError::invalid_request(format!("The body cannot be used: {error}. See the API documentation of peregrine serve."))
+    };
+    let value: Value = serde_json::from_slice(&bytes).map_err(unusable)?;
+    if !value.is_object() {
+        return Err(ApiError::invalid_request("The body must be a JSON object. See the API documentation of peregrine serve."));
+    }
+    serde_json::from_value(value).map(Some).map_err(unusable)
+}
+
+/// The query string, or a JSON 400 that says what is wrong with it.
+fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    query
+        .map(|Query(value)| value)
+        .map_err(|rejection| ApiError::invalid_request(format!("The query string cannot be used: {}", rejection.body_text())))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+
+/// Where a thread stands, for its `status` and `resumable` fields.
+struct ThreadStatus {
+    status: &'static str,
+    resumable: bool,
+}
+
+/// `busy` (a run of this process, or another process holding its lock), `interrupted`,
+/// `error` (the last turn ended in the error node, or a run was cut off: `resumable`), `idle`.
+async fn thread_status(state: &ServerState, snapshot: &StateSnapshot<AgentState>) -> ThreadStatus {
+    let thread_id = snapshot.meta.thread_id.as_str();
+    let busy = ThreadStatus { status: "busy", resumable: false };
+    if state.runs.active(thread_id).is_some() || state.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(thread_id) {
+        return busy;
+    }
+    if snapshot.meta.interrupt.is_some() {
+        return ThreadStatus { status: "interrupted", resumable: false };
+    }
+    let mid_run = snapshot.next.is_some() && snapshot.meta.source != CheckpointSource::Update && !snapshot.state.messages.is_empty();
+    if mid_run {
+        // Running in another process, or cut off: only the lock tells which.
+        if let Some(store) = state.agent.graph().checkpointer()
+            && let Err(CheckpointError::ThreadBusy { .. }) = store.lock_thread_boxed(thread_id).await
+        {
+            return busy;
+        }
+        return ThreadStatus { status: "error", resumable: true };
+    }
+    let failed = snapshot.state.execution.last_result.as_ref().is_some_and(|last| last.capability == ERROR);
+    ThreadStatus { status: if failed { "error" } else { "idle" }, resumable: false }
+}
+
+/// When the thread's first checkpoint was written.
+async fn created_at(state: &ServerState, thread_id: &str) -> Option<DateTime<Utc>> {
+    let first = state.agent.graph().history(thread_id, ListQuery { before: Some(2), limit: Some(1) }).await.ok()?;
+    first.first().map(|meta| meta.created_at)
+}
+
+fn title(snapshot: &StateSnapshot<AgentState>) -> Option<String> {
+    let first = snapshot.state.messages.iter().find(|message| message.role == Role::User)?;
+    let text = first.content.trim();
+    let mut title: String = text.chars().take(80).collect();
+    if title.len() < text.len() {
+        title.push('…');
+    }
+    Some(title)
+}
+
+/// The Thread object.
+async fn thread_json(state: &ServerState, snapshot: &StateSnapshot<AgentState>) -> Value {
+    let thread_id = snapshot.meta.thread_id.as_str();
+    let status = thread_status(state, snapshot).await;
+    let created = created_at(state, thread_id).await.unwrap_or(snapshot.meta.created_at);
+    json!({
+        "thread_id": thread_id,
+        "created_at": created.to_rfc3339(),
+        "updated_at": snapshot.meta.created_at.to_rfc3339(),
+        "status": status.status,
+        "resumable": status.resumable,
+        "title": title(snapshot),
+        "messages": snapshot.state.messages.len(),
+        "interrupt": snapshot.meta.interrupt.as_ref().map(interrupt_json),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateThread {
+    #[serde(default)]
+    thread_id: Option<String>,
+    /// Accepted for LangGraph clients; not stored.
+    #[serde(default)]
+    #[allow(dead_code, reason = "accepted and ignored")]
+    metadata: Option<Value>,
+}
+
+/// `POST /threads`.
+async fn create_thread(State(state): Shared, headers: HeaderMap, body: Body) -> Response {
+    respond(create_thread_inner(&state, &headers, body).await)
+}
+
+async fn create_thread_inner(state: &ServerState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let caller = state.keys.authenticate(headers)?;
+    let request: Option<CreateThread> = read_json(state, headers, body).await?;
+    let thread_id = match request.and_then(|request| request.thread_id) {
+        None => format!("t-{}-{}", caller.owner_tag(), uuid::Uuid::new_v4().simple()),
+        Some(_) if caller != Caller::Anonymous => {
+            return Err(ApiError::invalid_request(
+                "With API keys configured, thread ids are assigned by the server (they carry the key's owner tag); omit 'thread_id'.",
+            ));
+        }
+        Some(id) => {
+            let valid = !id.is_empty()
+                && id.chars().count() <= MAX_THREAD_ID_CHARS
+                && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'));
+            if !valid {
+                return Err(ApiError::invalid_request(format!(
+                    "'thread_id' must be 1 to {MAX_THREAD_ID_CHARS} characters of letters, digits and - _ . : (or omitted)."
+                )));
+            }
+            id
+        }
+    };
+    let graph = state.agent.graph();
+    if graph.get_state(&thread_id).await.map_err(|error| store_error(state, &error))?.is_some() {
+        return Err(ApiError::conflict("thread_exists", format!("Thread '{thread_id}' exists already; pick another id or omit it.")));
+    }
+    let snapshot = match graph.update_state(&thread_id, AgentStateUpdate::default(), None).await {
+        Ok(snapshot) => snapshot,
+        Err(RunError::Checkpoint(CheckpointError::ThreadBusy { .. } | CheckpointError::Conflict { .. })) => {
+            return Err(ApiError::conflict("thread_exists", format!("Thread '{thread_id}' was just created by another request.")));
+        }
+        Err(error) => return Err(store_error(state, &error)),
+    };
+    tracing::info!(thread = %thread_id, "thread created");
+    ok_json(StatusCode::CREATED, &thread_json(state, &snapshot).await)
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Page {
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    offset: Option<usize>,
+    #[serde(default)]
+    before: Option<u64>,
+}
+
+impl Page {
+    fn limit(&self) -> usize {
+        self.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE)
+    }
+}
+
+/// `GET /threads`.
+async fn list_threads(State(state): Shared, headers: HeaderMap, page: Result<Query<Page>, QueryRejection>) -> Response {
+    respond(async { list_threads_inner(&state, &headers, &query(page)?).await }.await)
+}
+
+async fn list_threads_inner(state: &ServerState, headers: &HeaderMap, page: &Page) -> Result<Response, ApiError> {
+    let caller = state.keys.authenticate(headers)?;
+    let graph = state.agent.graph();
+    let mut threads = graph.threads().await.map_err(|error| store_error(state, &error))?;
+    threads.retain(|summary| caller.owns(&summary.thread_id));
+    threads.sort_by(|a, b| b.latest.created_at.cmp(&a.latest.created_at).then_with(|| a.thread_id.cmp(&b.thread_id)));
+    let mut listed = Vec::new();
+    for summary in threads.iter().skip(page.offset.unwrap_or(0)).take(page.limit()) {
+        // A thread deleted meanwhile is simply not listed.
+        if let Ok(Some(snapshot)) = graph.get_state(&summary.thread_id).await {
+            listed.push(thread_json(state, &snapshot).await);
+        }
+    }
+    ok_json(StatusCode::OK, &Value::Array(listed))
+}
+
+/// `GET /threads/{thread_id}`.
+async fn get_thread(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>) -> Response {
+    respond(
+        async {
+            caller_of(&state, &headers, &thread_id)?;
+            let snapshot = snapshot_of(&state, &thread_id).await?;
+            ok_json(StatusCode::OK, &thread_json(&state, &snapshot).await)
+        }
+        .await,
+    )
+}
+
+/// `DELETE /threads/{thread_id}`: refused while a run holds it (here or in another process).
+async fn delete_thread(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>) -> Response {
+    respond(delete_thread_inner(&state, &headers, &thread_id).await)
+}
+
+async fn delete_thread_inner(state: &Arc<ServerState>, headers: &HeaderMap, thread_id: &str) -> Result<Response, ApiError> {
+    caller_of(state, headers, thread_id)?;
+    snapshot_of(state, thread_id).await?;
+    let _busy = BusyThread::claim(state, thread_id)?;
+    let Some(store) = state.agent.graph().checkpointer() else { return Err(ApiError::thread_not_found(thread_id)) };
+    let _lock = match store.lock_thread_boxed(thread_id).await {
+        Ok(lock) => lock,
+        Err(CheckpointError::ThreadBusy { .. }) => return Err(ApiError::thread_busy()),
+        Err(error) => return Err(store_error(state, &RunError::Checkpoint(error))),
+    };
+    store.delete_thread_boxed(thread_id).await.map_err(|error| store_error(state, &RunError::Checkpoint(error)))?;
+    state.runs.forget_thread(thread_id);
+    if let Some(dir) = &state.agent_data_dir {
+        let plans = PendingPlans::for_thread(dir, thread_id);
+        match std::fs::remove_dir_all(plans.dir()) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => tracing::warn!(thread = %thread_id, %error, "the thread is deleted, but not its pending plan files"),
+        }
+    }
+    tracing::info!(thread = %thread_id, "thread deleted");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `GET /threads/{thread_id}/state`.
+async fn thread_state(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>) -> Response {
+    respond(
+        async {
+            caller_of(&state, &headers, &thread_id)?;
+            let snapshot = snapshot_of(&state, &thread_id).await?;
+            let status = thread_status(&state, &snapshot).await;
+            let agent_state = &snapshot.state;
+            let messages: Vec<Value> = agent_state
+                .messages
+                .iter()
+                .map(|message| json!({"role": message.role, "content": message.content, "timestamp": message.timestamp.to_rfc3339()}))
+                .collect();
+            let plan = agent_state.planning.execution_plan.as_ref().map(|plan| {
+                let results: Vec<Value> = agent_state
+                    .execution
+                    .step_results
+                    .iter()
+                    .map(|step| json!({"step_index": step.step_index, "capability": step.capability, "success": step.success, "error": step.error}))
+                    .collect();
+                json!({"steps": plan.steps, "current_step": agent_state.planning.current_step_index, "results": results})
+            });
+            let values = serde_json::to_value(&**agent_state).unwrap_or(Value::Null);
+            ok_json(
+                StatusCode::OK,
+                &json!({
+                    "thread_id": thread_id,
+                    "status": status.status,
+                    "resumable": status.resumable,
+                    "checkpoint_id": snapshot.meta.checkpoint_id,
+                    "next": snapshot.next,
+                    "messages": messages,
+                    "plan": plan,
+                    "interrupt": snapshot.meta.interrupt.as_ref().map(interrupt_json),
+                    "values": values,
+                }),
+            )
+        }
+        .await,
+    )
+}
+
+/// `GET /threads/{thread_id}/history`: checkpoint metadata, newest first.
+async fn thread_history(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path(thread_id): Path<String>,
+    page: Result<Query<Page>, QueryRejection>,
+) -> Response {
+    respond(
+        async {
+            caller_of(&state, &headers, &thread_id)?;
+            let page = query(page)?;
+            let query = ListQuery { before: page.before, limit: Some(page.limit()) };
+            let history = state.agent.graph().history(&thread_id, query).await.map_err(|error| store_error(&state, &error))?;
+            if history.is_empty() && page.before.is_none() {
+                return Err(ApiError::thread_not_found(&thread_id));
+            }
+            ok_json(StatusCode::OK, &serde_json::to_value(&history).unwrap_or(Value::Null))
+        }
+        .await,
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runs
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunRequest {
+    #[serde(default)]
+    input: Option<Value>,
+    #[serde(default)]
+    resume: Option<ResumeRequest>,
+    #[serde(default, rename = "continue")]
+    continue_run: Option<bool>,
+    #[serde(default)]
+    user: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResumeRequest {
+    approved: bool,
+    #[serde(default)]
+    interrupt_id: Option<String>,
+    #[serde(default)]
+    plan: Option<Value>,
+}
+
+/// What a run does, checked before it starts.
+enum Operation {
+    Message(String),
+    Resume { interrupt: PendingInterrupt, approved: bool, edit: Option<Value> },
+    Continue,
+}
+
+impl Operation {
+    fn kind(&self) -> RunKind {
+        match self {
+            Operation::Message(_) => RunKind::Message,
+            Operation::Resume { .. } => RunKind::Resume,
+            Operation::Continue => RunKind::Continue,
+        }
+    }
+}
+
+const RUN_BODY_HELP: &str = "Send exactly one of {\"input\": \"text\"}, {\"resume\": {\"approved\": true|false}} or {\"continue\": true} (optionally with \"user\").";
+
+/// Checks a run request against the thread and turns it into an operation and a session.
+async fn operation(
+    state: &ServerState,
+    caller: &Caller,
+    thread_id: &str,
+    request: Option<RunRequest>,
+) -> Result<(Operation, Session), ApiError> {
+    let Some(request) = request else { return Err(ApiError::invalid_request(format!("The body is empty. {RUN_BODY_HELP}"))) };
+    let given =
+        usize::from(request.input.is_some()) + usize::from(request.resume.is_some()) + usize::from(request.continue_run == Some(true));
+    if given != 1 {
+        return Err(ApiError::invalid_request(format!("A run does one thing. {RUN_BODY_HELP}")));
+    }
+    let user = request.user.as_deref().map(str::trim).filter(|user| !user.is_empty()).unwrap_or(DEFAULT_USER);
+    if user.chars().count() > 200 {
+        return Err(ApiError::invalid_request("'user' is longer than 200 characters."));
+    }
+    // Memory is per user id: the key is part of it, so a key cannot reach another key's users.
+    let user_id = match caller {
+        Caller::Anonymous => user.to_owned(),
+        Caller::Key(_) => format!("{}:{user}", &caller.identity()[..16]),
+    };
+    let session = Session::new(user_id, API_INTERFACE);
+    let snapshot = snapshot_of(state, thread_id).await?;
+    let operation = if let Some(input) = request.input {
+        let Value::String(text) = input else {
+            return Err(ApiError::invalid_request(format!("'input' must be the message text (a string). {RUN_BODY_HELP}")));
+        };
+        if snapshot.meta.resume.is_some() {
+            return Err(unfinished_approval(thread_id));
+        }
+        Operation::Message(text)
+    } else if let Some(resume) = request.resume {
+        let Some(interrupt) = snapshot.meta.interrupt.clone() else {
+            return Err(ApiError::conflict(
+                "no_pending_approval",
+                format!("Thread '{thread_id}' waits for no approval (GET /threads/{thread_id} shows its status)."),
+            ));
+        };
+        if resume.interrupt_id.as_ref().is_some_and(|id| *id != interrupt.id) {
+            return Err(stale_approval(thread_id));
+        }
+        if resume.plan.is_some() && !resume.approved {
+            return Err(ApiError::invalid_request("An edited 'plan' can only be approved; send it with \"approved\": true."));
+        }
+        Operation::Resume { interrupt, approved: resume.approved, edit: resume.plan }
+    } else {
+        let status = thread_status(state, &snapshot).await;
+        if status.status == "busy" {
+            return Err(ApiError::thread_busy());
+        }
+        if !status.resumable {
+            return Err(ApiError::conflict(
+                "nothing_to_continue",
+                format!("Thread '{thread_id}' has no cut-off run to continue; send a message with {{\"input\": \"…\"}}."),
+            ));
+        }
+        Operation::Continue
+    };
+    Ok((operation, session))
+}
+
+fn unfinished_approval(thread_id: &str) -> ApiError {
+    ApiError::conflict(
+        "unfinished_run",
+        format!("Thread '{thread_id}' holds an approved action that was cut off; finish it first with a run of {{\"continue\": true}}."),
+    )
+}
+
+fn stale_approval(thread_id: &str) -> ApiError {
+    ApiError::conflict(
+        "stale_approval",
+        format!(
+            "The approval answered is no longer the one thread '{thread_id}' waits for; GET /threads/{thread_id} shows the current one."
+        ),
+    )
+}
+
+/// The API's error for what the agent refused or failed at.
+fn run_error(state: &ServerState, thread_id: &str, error: AgentError) -> ApiError {
+    let error = match error {
+        AgentError::Gateway(error) => ApiError::invalid_request(error.to_string()),
+        AgentError::Run(RunError::Checkpoint(CheckpointError::ThreadBusy { .. })) => ApiError::thread_busy(),
+        AgentError::Run(RunError::PendingResume { .. }) => unfinished_approval(thread_id),
+        AgentError::Run(RunError::StaleResume { .. } | RunError::ForgedResume { .. }) => stale_approval(thread_id),
+        AgentError::Run(RunError::NothingToResume { .. }) => {
+            ApiError::conflict("no_pending_approval", format!("Thread '{thread_id}' waits for no approval."))
+        }
+        AgentError::Run(RunError::PendingInterrupt { .. }) => ApiError::conflict(
+            "approval_pending",
+            format!("Thread '{thread_id}' waits for an approval; answer it with a run of {{\"resume\": {{\"approved\": …}}}}."),
+        ),
+        other => ApiError::server_error(format!("The agent could not finish the run: {other}")),
+    };
+    error.redacted(&state.redact)
+}
+
+/// Starts a run: it is returned once it holds its thread (or has already ended, for replies).
+async fn launch(state: &Arc<ServerState>, headers: &HeaderMap, thread_id: &str, body: Body) -> Result<Arc<Run>, ApiError> {
+    let caller = caller_of(state, headers, thread_id)?;
+    let request: Option<RunRequest> = read_json(state, headers, body).await?;
+    let (operation, session) = operation(state, &caller, thread_id, request).await?;
+    let busy = BusyThread::claim(state, thread_id)?;
+    let run = state.runs.start(thread_id, operation.kind());
+    tracing::info!(thread = %thread_id, run = %run.id, kind = ?operation.kind(), "run starts");
+    tokio::spawn(drive(Arc::clone(state), Arc::clone(&run), operation, session, busy));
+    run.wait_until(Run::started_or_finished).await;
+    if let Some(error) = run.error().filter(|_| !run.has_started()) {
+        // Refused before it held the thread: nothing ran, so there is no run to keep.
+        state.runs.forget(&run.id);
+        return Err(error);
+    }
+    Ok(run)
+}
+
+/// Executes a run to its end, logging every event. A thread another process still holds is
+/// tried again for a moment (a PostgreSQL lock is released just after its run ended).
+async fn drive(state: Arc<ServerState>, run: Arc<Run>, operation: Operation, session: Session, busy: BusyThread) {
+    let retry_until = Instant::now() + BUSY_RETRY_FOR;
+    let mut delay = Duration::from_millis(10);
+    loop {
+        let (sender, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let options = TurnOptions { events: Some(sender), cancel: run.cancel.clone() };
+        let agent = &state.agent;
+        let thread_id = run.thread_id.as_str();
+        let turn = async {
+            match &operation {
+                Operation::Message(text) => agent.send(thread_id, text, &session, options).await,
+                Operation::Resume { interrupt, approved, edit } => {
+                    agent.answer_approval(thread_id, interrupt, *approved, edit.clone(), options).await
+                }
+                Operation::Continue => agent.continue_turn(thread_id, options).await,
+            }
+        };
+        tokio::pin!(turn);
+        let outcome: Result<TurnResult, AgentError> = loop {
+            tokio::select! {
+                biased;
+                Some(event) = events.recv() => run.record(&event),
+                outcome = &mut turn => break outcome,
+            }
+        };
+        while let Ok(event) = events.try_recv() {
+            run.record(&event);
+        }
+        let held_elsewhere = matches!(&outcome, Err(AgentError::Run(RunError::Checkpoint(CheckpointError::ThreadBusy { .. }))));
+        if held_elsewhere && !run.has_started() && !run.cancel.is_cancelled() && Instant::now() + delay < retry_until {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = run.cancel.cancelled() => {}
+            }
+            delay = (delay * 2).min(Duration::from_millis(200));
+            continue;
+        }
+        match &outcome {
+            Ok(result) => tracing::info!(thread = %thread_id, run = %run.id, status = ?result.status, "run ended"),
+            Err(error) => tracing::warn!(thread = %thread_id, run = %run.id, error = %(state.redact)(&error.to_string()), "run failed"),
+        }
+        let outcome = outcome.map_err(|error| run_error(&state, thread_id, error));
+        // The thread is free before anyone waiting for the run hears that it ended.
+        drop(busy);
+        run.finish(outcome);
+        return;
+    }
+}
+
+/// `POST /threads/{thread_id}/runs`: 201 with the run once it holds the thread.
+async fn create_run(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>, body: Body) -> Response {
+    respond(launch(&state, &headers, &thread_id, body).await.and_then(|run| ok_json(StatusCode::CREATED, &run.json())))
+}
+
+/// `POST /threads/{thread_id}/runs/stream`: the new run's events.
+async fn create_run_stream(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>, body: Body) -> Response {
+    respond(launch(&state, &headers, &thread_id, body).await.map(|run| sse(run, 0)))
+}
+
+/// `POST /threads/{thread_id}/runs/wait`: the run once it ended.
+async fn create_run_wait(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>, body: Body) -> Response {
+    match launch(&state, &headers, &thread_id, body).await {
+        Ok(run) => {
+            run.wait_until(Run::is_finished).await;
+            json_response(StatusCode::OK, &run.json())
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+/// `GET /threads/{thread_id}/runs`: the runs of this process, newest first.
+async fn list_runs(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>) -> Response {
+    respond(caller_of(&state, &headers, &thread_id).and_then(|_| {
+        let runs: Vec<Value> = state.runs.of_thread(&thread_id).iter().map(|run| run.json()).collect();
+        ok_json(StatusCode::OK, &Value::Array(runs))
+    }))
+}
+
+fn find_run(state: &ServerState, headers: &HeaderMap, thread_id: &str, run_id: &str) -> Result<Arc<Run>, ApiError> {
+    caller_of(state, headers, thread_id)?;
+    state.runs.get(thread_id, run_id).ok_or_else(|| ApiError::run_not_found(thread_id, run_id))
+}
+
+/// `GET /threads/{thread_id}/runs/{run_id}`.
+async fn get_run(State(state): Shared, headers: HeaderMap, Path((thread_id, run_id)): Path<(String, String)>) -> Response {
+    respond(find_run(&state, &headers, &thread_id, &run_id).and_then(|run| ok_json(StatusCode::OK, &run.json())))
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StreamQuery {
+    #[serde(default)]
+    last_event_id: Option<u64>,
+}
+
+/// `GET /threads/{thread_id}/runs/{run_id}/stream`: the run's events from the start, or after
+/// `Last-Event-ID`.
+async fn stream_run(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path((thread_id, run_id)): Path<(String, String)>,
+    stream_query: Result<Query<StreamQuery>, QueryRejection>,
+) -> Response {
+    respond(find_run(&state, &headers, &thread_id, &run_id).and_then(|run| {
+        let stream_query = query(stream_query)?;
+        let header = headers.get("last-event-id").map(|value| value.to_str().ok().and_then(|text| text.trim().parse::<u64>().ok()));
+        let after = match (header, stream_query.last_event_id) {
+            (Some(Some(seq)), _) => seq,
+            (Some(None), _) => return Err(ApiError::invalid_request("'Last-Event-ID' must be the number of an event of this run.")),
+            (None, seq) => seq.unwrap_or(0),
+        };
+        Ok(sse(run, after))
+    }))
+}
+
+/// `GET /threads/{thread_id}/runs/{run_id}/wait`.
+async fn wait_run(State(state): Shared, headers: HeaderMap, Path((thread_id, run_id)): Path<(String, String)>) -> Response {
+    match find_run(&state, &headers, &thread_id, &run_id) {
+        Ok(run) => {
+            run.wait_until(Run::is_finished).await;
+            json_response(StatusCode::OK, &run.json())
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+/// `POST /threads/{thread_id}/runs/{run_id}/cancel`: 202; the run ends `cancelled` and its
+/// thread keeps its last checkpoint.
+async fn cancel_run(State(state): Shared, headers: HeaderMap, Path((thread_id, run_id)): Path<(String, String)>) -> Response {
+    respond(find_run(&state, &headers, &thread_id, &run_id).and_then(|run| {
+        if run.is_finished() {
+            return Err(ApiError::conflict("run_finished", format!("Run '{run_id}' has already ended; there is nothing to cancel.")));
+        }
+        tracing::info!(thread = %thread_id, run = %run_id, "run cancelled by request");
+        run.cancel.cancel();
+        ok_json(StatusCode::ACCEPTED, &run.json())
+    }))
+}
+
+/// The SSE answer following `run` from after event `after`; ends after its `end` event.
+fn sse(run: Arc<Run>, after: u64) -> Response {
+    struct Follow {
+        run: Arc<Run>,
+        seq: u64,
+        changes: tokio::sync::watch::Receiver<u64>,
+        queue: VecDeque<LoggedEvent>,
+        ended: bool,
+    }
+    let changes = run.subscribe();
+    let follow = Follow { run, seq: after, changes, queue: VecDeque::new(), ended: false };
+    let stream = futures::stream::unfold(follow, |mut follow| async move {
+        loop {
+            if let Some(event) = follow.queue.pop_front() {
+                follow.seq = event.seq;
+                follow.ended = event.name == "end";
+                let sse = Event::default().id(event.seq.to_string()).event(event.name).data(&*event.data);
+                return Some((Ok::<_, Infallible>(sse), follow));
+            }
+            if follow.ended {
+                return None;
+            }
+            let batch = follow.run.events_after(follow.seq);
+            if !batch.is_empty() {
+                follow.queue.extend(batch);
+                continue;
+            }
+            if follow.run.is_finished() || follow.changes.changed().await.is_err() {
+                return None;
+            }
+        }
+    });
+    let mut response = Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive")).into_response();
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response.headers_mut().insert(header::HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no"));
+    response
+}

@@ -1,0 +1,151 @@
+//! The web UI in a real browser: the weather agent on the scripted LLM server (scripted to answer
+//! about San Francisco), served by `router()` on 127.0.0.1 with an API key, and
+//! `tests/python/web_ui_check.py` driving the page at `/` in headless Chromium through Playwright:
+//! the key field, a thread, a streamed answer with its live plan, a plan approval in planning
+//! mode, the thread list, a stream cut mid-answer and followed again with `Last-Event-ID`, a
+//! reload. Needs Debian's Chromium and the pinned Playwright client
+//! (`bash scripts/install-browser-deps.sh`); without them the test fails, it never skips.
+//! The screenshot lands in `<workspace>/target/test-artifacts/web_ui.png`.
+
+#![allow(clippy::expect_used, clippy::unwrap_used, reason = "tests")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use peregrine_llm::Secret;
+use peregrine_server::{ServerOptions, router};
+use peregrine_testkit::agent_fixture::{
+    EXECUTION_PLAN, EXTRACTED_TASK, LlmCall, call_counts, extracted_task, weather_agent, weather_plan, with_weather_replies,
+};
+use peregrine_testkit::llm_server::{Reply, Script, ScriptedLlmServer};
+
+const MODEL: &str = "peregrine-weather";
+const API_KEY: &str = "sk-web-ui-test";
+const CHROMIUM: &str = "/usr/bin/chromium";
+const INSTALL_HINT: &str = "run `bash scripts/install-browser-deps.sh` (CI runs it)";
+/// Bounds one run of the script; each of its waits has its own timeout of at most 60 s.
+const SCRIPT_LIMIT: Duration = Duration::from_secs(300);
+
+/// Every call of a weather turn answered, about San Francisco.
+fn san_francisco_script() -> Script {
+    with_weather_replies(
+        Script::new()
+            .on_schema(EXTRACTED_TASK, Reply::json(extracted_task("Get the current weather in San Francisco")))
+            .on_schema(EXECUTION_PLAN, Reply::json(weather_plan("San Francisco", "san_francisco_weather"))),
+    )
+}
+
+struct Served {
+    base_url: String,
+    llm: ScriptedLlmServer,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    fn calls(&self, call: LlmCall) -> usize {
+        call_counts(&self.llm.chat_requests()).get(&call).copied().unwrap_or(0)
+    }
+}
+
+async fn serve() -> Served {
+    let llm = ScriptedLlmServer::start(san_francisco_script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let agent = weather_agent(&llm.base_url(), 30.0, &dir.path().join("checkpoints.db"), &data_dir).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base_url = format!("http://{}", listener.local_addr().unwrap());
+    let options = ServerOptions { api_keys: vec![Secret::new(API_KEY)], agent_data_dir: Some(data_dir), ..ServerOptions::new(MODEL) };
+    let app = router(Arc::new(agent), options);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Served { base_url, llm, _dir: dir }
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/web_ui_check.py")
+}
+
+fn screenshot_path() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artifacts");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|error| panic!("cannot create {}: {error}", dir.display()));
+    dir.canonicalize().unwrap().join("web_ui.png")
+}
+
+/// `python3` with an environment that cannot send the browser elsewhere (proxies).
+fn python3() -> Command {
+    let mut command = Command::new("python3");
+    for variable in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
+        command.env_remove(variable);
+    }
+    command.env("NO_PROXY", "127.0.0.1,localhost").env("PYTHONDONTWRITEBYTECODE", "1");
+    command
+}
+
+/// Fails (never skips) when Chromium or Playwright is missing.
+fn assert_browser_installed() {
+    assert!(Path::new(CHROMIUM).exists(), "{CHROMIUM} is missing: {INSTALL_HINT}");
+    match python3().args(["-c", "import playwright.sync_api"]).output() {
+        Ok(output) if output.status.success() => {}
+        Ok(output) => panic!("python3 cannot import playwright ({}): {INSTALL_HINT}", String::from_utf8_lossy(&output.stderr).trim()),
+        Err(error) => panic!("python3 does not run ({error}): {INSTALL_HINT}"),
+    }
+}
+
+/// Runs `web_ui_check.py <base_url> <key> <screenshot>`, prints its output, asserts it succeeded.
+async fn run_browser_check(served: &Served, screenshot: &Path) {
+    let out = tempfile::tempdir().unwrap();
+    let (stdout_path, stderr_path) = (out.path().join("stdout"), out.path().join("stderr"));
+    // Output goes to files, so a chatty failure cannot block the child on a full pipe.
+    let mut child = python3()
+        .arg(script())
+        .args([served.base_url.as_str(), API_KEY])
+        .arg(screenshot)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).unwrap())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .expect("python3 starts");
+    let deadline = tokio::time::Instant::now() + SCRIPT_LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            child.kill().ok();
+            child.wait().ok();
+            panic!(
+                "web_ui_check.py still ran after {SCRIPT_LIMIT:?}:\n{}\n{}",
+                std::fs::read_to_string(&stdout_path).unwrap(),
+                std::fs::read_to_string(&stderr_path).unwrap()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (stdout, stderr) = (std::fs::read_to_string(&stdout_path).unwrap(), std::fs::read_to_string(&stderr_path).unwrap());
+    eprintln!("web_ui_check.py ({status}):\n{stdout}{stderr}");
+    assert!(status.success(), "web_ui_check.py failed ({status}); screenshot: {}\n{stderr}\nstdout:\n{stdout}", screenshot.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_ui_runs_a_turn_and_a_plan_approval_in_chromium() {
+    assert_browser_installed();
+    let served = serve().await;
+
+    let page = reqwest::get(format!("{}/", served.base_url)).await.unwrap();
+    assert_eq!(page.status().as_u16(), 200, "the page is served without a key");
+    let csp = page.headers().get("content-security-policy").map(|value| value.to_str().unwrap().to_owned()).unwrap_or_default();
+    assert!(csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"), "{csp}");
+    assert!(page.text().await.unwrap().contains("id=\"message-input\""));
+
+    let screenshot = screenshot_path();
+    std::fs::remove_file(&screenshot).ok();
+    run_browser_check(&served, &screenshot).await;
+    eprintln!("screenshot: {}", screenshot.display());
+    assert!(std::fs::metadata(&screenshot).is_ok_and(|meta| meta.len() > 0), "no screenshot at {}", screenshot.display());
+
+    // Three questions: plain, in planning mode (approved), plain with its stream cut and followed again.
+    assert_eq!(served.calls(LlmCall::Orchestrator), 3, "one plan per question; the approved plan runs without planning again");
+    assert_eq!(served.calls(LlmCall::CurrentWeather), 3, "the weather step ran once per question");
+    assert_eq!(served.calls(LlmCall::Respond), 3, "one streamed answer per question; a reconnect runs nothing again");
+}
