@@ -317,7 +317,12 @@ impl Agent {
         edit: Option<Value>,
         options: TurnOptions,
     ) -> Result<TurnResult, AgentError> {
-        let before = self.graph.get_state(thread_id).await?.map_or(0, |snapshot| snapshot.state.messages.len());
+        let snapshot = self.graph.get_state(thread_id).await?;
+        // Cancelled before the answer was recorded: it never counts.
+        if options.cancel.is_cancelled() {
+            return Ok(Self::cancelled_unchanged(snapshot.map(|snapshot| snapshot.state)));
+        }
+        let before = snapshot.map_or(0, |snapshot| snapshot.state.messages.len());
         let mut answer = serde_json::json!({ "approved": approved });
         if let (true, Some(edit)) = (approved, edit) {
             answer["edit"] = edit;
@@ -330,7 +335,11 @@ impl Agent {
     /// Finishes a turn that was cut off (crash, kill, cancel) from its last checkpoint, without
     /// repeating finished steps.
     pub async fn continue_turn(&self, thread_id: &str, options: TurnOptions) -> Result<TurnResult, AgentError> {
-        let before = self.graph.get_state(thread_id).await?.map_or(0, |snapshot| snapshot.state.messages.len());
+        let snapshot = self.graph.get_state(thread_id).await?;
+        if options.cancel.is_cancelled() {
+            return Ok(Self::cancelled_unchanged(snapshot.map(|snapshot| snapshot.state)));
+        }
+        let before = snapshot.map_or(0, |snapshot| snapshot.state.messages.len());
         let outcome = self.graph.continue_run(thread_id, options.run_options()).await?;
         Ok(Self::result(outcome, before))
     }

@@ -40,6 +40,7 @@ where
     interrupts_and_resumes_persist(make().await).await;
     concurrent_writers_lose_nothing(make().await).await;
     lock_thread_is_exclusive(make().await).await;
+    is_thread_locked_probes_without_locking(make().await).await;
     large_history_loads_every_delta(make().await).await;
 }
 
@@ -749,6 +750,79 @@ async fn lock_again<C: Checkpointer>(c: &C, thread_id: &str) -> peregrine_graph:
             }
             Err(error) => panic!("a dropped lock on '{thread_id}' must become free again: {error}"),
         }
+    }
+}
+
+/// Rounds of a probe racing a `lock_thread` of the same free thread.
+const PROBE_RACES: usize = 20;
+
+/// `is_thread_locked` is false for a free thread (also one without checkpoints), true while the
+/// lock is held (and for that thread only), and false again once the lock is dropped, even on
+/// another task (a server-side release may land a little later, so that is polled for). Probing
+/// takes nothing: a held lock stays held however often it is probed, a probe racing a
+/// `lock_thread` of the free thread never makes it fail, and once the probe says false the
+/// thread can be locked at once.
+pub async fn is_thread_locked_probes_without_locking<C: Checkpointer>(checkpointer: C) {
+    case("is_thread_locked_probes_without_locking", async {
+        let c = &checkpointer;
+        put(c, checkpoint("t", None, "1", at(0))).await;
+        assert!(!probe(c, "t").await, "a thread nobody locked is not locked");
+        assert!(!probe(c, "never-stored").await, "a thread without checkpoints nobody locked is not locked");
+
+        for _ in 0..3 {
+            probe(c, "t").await;
+        }
+        let held = c.lock_thread("t").await.expect("probing a free thread must leave it free to lock");
+        assert!(probe(c, "t").await, "a thread is locked while its lock is held");
+        assert!(!probe(c, "never-stored").await, "holding one thread's lock does not lock another");
+        for _ in 0..3 {
+            assert!(probe(c, "t").await, "probing again does not release the lock");
+        }
+        let result = c.lock_thread("t").await;
+        assert!(matches!(&result, Err(CheckpointError::ThreadBusy { .. })), "a probed lock is still exclusive, got {result:?}");
+        assert!(probe(c, "t").await, "a refused lock_thread does not release the holder's lock");
+        let other = c.lock_thread("never-stored").await.expect("other threads can be locked meanwhile");
+        assert!(probe(c, "never-stored").await, "a thread without checkpoints is locked while its lock is held");
+
+        drop(held);
+        wait_until_unlocked(c, "t").await;
+        let again = c.lock_thread("t").await.expect("once is_thread_locked says false, lock_thread succeeds");
+        assert!(probe(c, "t").await, "the retaken lock shows as held");
+        assert!(probe(c, "never-stored").await, "releasing one thread leaves another held");
+
+        tokio::spawn(async move { drop(again) }).await.expect("dropping a lock on another task");
+        wait_until_unlocked(c, "t").await;
+        drop(other);
+        wait_until_unlocked(c, "never-stored").await;
+
+        for round in 0..PROBE_RACES {
+            let (probed, locked) = futures::future::join(c.is_thread_locked("t"), c.lock_thread("t")).await;
+            probed.unwrap_or_else(|error| panic!("round {round}: is_thread_locked('t') failed: {error}"));
+            let lock =
+                locked.unwrap_or_else(|error| panic!("round {round}: a probe racing lock_thread of a free thread made it fail: {error}"));
+            assert!(probe(c, "t").await, "round {round}: the lock taken beside a probe is held");
+            drop(lock);
+            wait_until_unlocked(c, "t").await;
+        }
+    })
+    .await;
+}
+
+/// `is_thread_locked(thread_id)`, panicking on an error.
+async fn probe<C: Checkpointer>(c: &C, thread_id: &str) -> bool {
+    c.is_thread_locked(thread_id).await.unwrap_or_else(|error| panic!("is_thread_locked('{thread_id}') failed: {error}"))
+}
+
+/// Polls `is_thread_locked` until it says false, allowing `LOCK_RELEASE_DEADLINE` for a dropped
+/// lock's release to land.
+async fn wait_until_unlocked<C: Checkpointer>(c: &C, thread_id: &str) {
+    let deadline = tokio::time::Instant::now() + LOCK_RELEASE_DEADLINE;
+    while probe(c, thread_id).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "'{thread_id}' still shows as locked {LOCK_RELEASE_DEADLINE:?} after its lock was dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

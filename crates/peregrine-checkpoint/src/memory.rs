@@ -29,6 +29,11 @@ impl ThreadLocks {
         }
         Ok(ThreadLock::new(HeldThread { held: Arc::clone(&self.held), thread_id: thread_id.to_owned() }))
     }
+
+    /// Whether someone holds the lock of `thread_id`; takes nothing.
+    pub(crate) fn is_held(&self, thread_id: &str) -> bool {
+        lock_ignoring_poison(&self.held).contains(thread_id)
+    }
 }
 
 /// Releases one thread's lock when dropped.
@@ -181,5 +186,9 @@ impl Checkpointer for MemoryCheckpointer {
 
     async fn lock_thread(&self, thread_id: &str) -> Result<ThreadLock, CheckpointError> {
         self.locks.acquire(thread_id)
+    }
+
+    async fn is_thread_locked(&self, thread_id: &str) -> Result<bool, CheckpointError> {
+        Ok(self.locks.is_held(thread_id))
     }
 }

@@ -415,6 +415,11 @@ impl Checkpointer for SqliteCheckpointer {
     async fn lock_thread(&self, thread_id: &str) -> Result<ThreadLock, CheckpointError> {
         self.locks.acquire(thread_id)
     }
+
+    /// Sees only this handle's (and its clones') locks, like `lock_thread`.
+    async fn is_thread_locked(&self, thread_id: &str) -> Result<bool, CheckpointError> {
+        Ok(self.locks.is_held(thread_id))
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ conformance_cases!(
     interrupts_and_resumes_persist,
     concurrent_writers_lose_nothing,
     lock_thread_is_exclusive,
+    is_thread_locked_probes_without_locking,
     large_history_loads_every_delta,
 );
 
@@ -62,8 +63,10 @@ async fn clones_share_checkpoints_and_locks() {
     assert_eq!(clone.load("t", None).await.unwrap().unwrap().meta.checkpoint_id, 1);
 
     let held = checkpointer.lock_thread("t").await.unwrap();
+    assert!(clone.is_thread_locked("t").await.unwrap(), "a clone sees the lock as held");
     assert!(matches!(clone.lock_thread("t").await, Err(CheckpointError::ThreadBusy { .. })));
     drop(held);
+    assert!(!clone.is_thread_locked("t").await.unwrap(), "a dropped lock is free at once");
     let _retaken = clone.lock_thread("t").await.expect("a dropped lock is free at once");
 }
 
@@ -74,5 +77,6 @@ async fn separate_checkpointers_are_independent() {
     first.put(first_checkpoint("t")).await.unwrap();
     assert!(second.load("t", None).await.unwrap().is_none());
     let _held = first.lock_thread("t").await.unwrap();
+    assert!(!second.is_thread_locked("t").await.unwrap(), "locks belong to one checkpointer");
     let _other = second.lock_thread("t").await.expect("locks belong to one checkpointer");
 }

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
-use peregrine_checkpoint::PostgresCheckpointer;
 use peregrine_checkpoint::conformance;
+use peregrine_checkpoint::{PostgresCheckpointer, PostgresOptions};
 use peregrine_graph::{CheckpointError, CheckpointSource, Checkpointer, ListQuery, NewCheckpoint, PendingInterrupt, ThreadLock};
 use serde_json::json;
 use tokio_postgres::NoTls;
@@ -116,6 +116,19 @@ async fn lock_when_released(checkpointer: &PostgresCheckpointer, thread_id: &str
     panic!("the lock on '{thread_id}' was not released after {RELEASE_ATTEMPTS} attempts")
 }
 
+/// Polls `is_thread_locked` until a lock another session held shows as released, a bounded
+/// number of times.
+async fn probe_until_unlocked(checkpointer: &PostgresCheckpointer, thread_id: &str) {
+    for _ in 0..RELEASE_ATTEMPTS {
+        match checkpointer.is_thread_locked(thread_id).await {
+            Ok(false) => return,
+            Ok(true) => tokio::time::sleep(RELEASE_POLL).await,
+            Err(error) => panic!("is_thread_locked('{thread_id}') failed: {error}"),
+        }
+    }
+    panic!("'{thread_id}' still showed as locked after {RELEASE_ATTEMPTS} probes")
+}
+
 /// One test per case, each on its own schema, so that a failure names its case and the rest run.
 macro_rules! conformance_cases {
     ($($case:ident),* $(,)?) => {
@@ -144,6 +157,7 @@ conformance_cases!(
     interrupts_and_resumes_persist,
     concurrent_writers_lose_nothing,
     lock_thread_is_exclusive,
+    is_thread_locked_probes_without_locking,
     large_history_loads_every_delta,
 );
 
@@ -175,6 +189,76 @@ async fn a_thread_locked_by_one_instance_is_busy_for_another_until_released() {
     drop(other);
     drop(held_by_b);
     let _again = lock_when_released(&a, "t").await;
+    scratch.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn another_instance_probes_a_held_thread_without_taking_it() {
+    const ROUNDS: usize = 20;
+    const PROBES_PER_ROUND: usize = 5;
+    let Some(url) = server_url() else { return };
+    let scratch = Scratch::new(&url).await;
+    let (_, schema_url) = scratch.schema().await;
+    // One lock connection each: a probe that needed a lock connection would find none free.
+    let options = PostgresOptions { max_thread_locks: 1, ..PostgresOptions::default() };
+    let a = Arc::new(PostgresCheckpointer::connect_with(&schema_url, options).await.unwrap());
+    let b = Arc::new(PostgresCheckpointer::connect_with(&schema_url, options).await.unwrap());
+    let elsewhere = scratch.checkpointer().await;
+
+    assert!(!b.is_thread_locked("t").await.unwrap(), "nobody holds 't' yet");
+    let held_by_a = a.lock_thread("t").await.expect("instance A locks a free thread");
+    assert!(a.is_thread_locked("t").await.unwrap(), "the holder sees its own lock");
+    assert!(b.is_thread_locked("t").await.unwrap(), "another instance sees the lock through pg_locks");
+    assert!(!b.is_thread_locked("u").await.unwrap(), "other threads stay unlocked");
+    assert!(!a.is_thread_locked("u").await.unwrap(), "A probes on a query connection while its only lock connection is in use");
+    assert!(!elsewhere.is_thread_locked("t").await.unwrap(), "the same thread id in another schema is another lock");
+    assert!(is_busy(&b.lock_thread("t").await, "t"), "B still cannot lock the thread it probed");
+    let key = a.thread_lock_key("t").await.unwrap();
+    let holders: i64 = scratch
+        .admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks
+             WHERE locktype = 'advisory' AND granted AND objsubid = 1
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(holders, 1, "probes took no lock of their own: only A's session holds 't'");
+    drop(held_by_a);
+    probe_until_unlocked(&b, "t").await;
+
+    // Each round one instance locks the free thread while the other probes it in parallel, then
+    // the other takes it once its probe says it is free; neither lock may fail.
+    for round in 0..ROUNDS {
+        let (holder, prober) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let probing = tokio::spawn({
+            let prober = Arc::clone(prober);
+            async move {
+                for _ in 0..PROBES_PER_ROUND {
+                    prober.is_thread_locked("t").await.expect("probe 't'");
+                }
+            }
+        });
+        let lock = holder
+            .lock_thread("t")
+            .await
+            .unwrap_or_else(|error| panic!("round {round}: a probe from the other instance made lock_thread fail: {error}"));
+        probing.await.unwrap();
+        assert!(prober.is_thread_locked("t").await.unwrap(), "round {round}: the other instance sees the lock");
+        assert!(holder.is_thread_locked("t").await.unwrap(), "round {round}: probes did not release the holder's lock");
+        assert!(is_busy(&prober.lock_thread("t").await, "t"), "round {round}: the lock stays exclusive");
+        drop(lock);
+        probe_until_unlocked(prober, "t").await;
+        let taken = prober.lock_thread("t").await.unwrap_or_else(|error| {
+            panic!("round {round}: once is_thread_locked says false, the other instance must lock at once: {error}")
+        });
+        assert!(holder.is_thread_locked("t").await.unwrap(), "round {round}: the former holder sees the new holder");
+        drop(taken);
+        probe_until_unlocked(holder, "t").await;
+    }
     scratch.cleanup().await;
 }
 

@@ -44,6 +44,7 @@ conformance_cases!(
     interrupts_and_resumes_persist,
     concurrent_writers_lose_nothing,
     lock_thread_is_exclusive,
+    is_thread_locked_probes_without_locking,
     large_history_loads_every_delta,
 );
 
@@ -177,11 +178,14 @@ async fn clones_share_locks_but_separate_handles_do_not() {
     let checkpointer = SqliteCheckpointer::open(&path).await.unwrap();
     let clone = checkpointer.clone();
     let held = checkpointer.lock_thread("t").await.unwrap();
+    assert!(clone.is_thread_locked("t").await.unwrap(), "a clone sees the lock as held");
     assert!(matches!(clone.lock_thread("t").await, Err(CheckpointError::ThreadBusy { .. })));
     // The documented limit of the embedded backend: locks are per opened handle.
     let separate = SqliteCheckpointer::open(&path).await.unwrap();
+    assert!(!separate.is_thread_locked("t").await.unwrap(), "a separate handle does not see the lock");
     let _separate_lock = separate.lock_thread("t").await.unwrap();
     drop(held);
+    assert!(!clone.is_thread_locked("t").await.unwrap(), "a dropped lock is free at once");
     let _retaken = clone.lock_thread("t").await.expect("a dropped lock is free at once");
 }
 

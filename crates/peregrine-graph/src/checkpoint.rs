@@ -296,7 +296,9 @@ impl std::fmt::Debug for ThreadLock {
 /// - `threads` orders by the `created_at` of each thread's newest checkpoint, then thread id;
 /// - `load` of `None` is the newest checkpoint of the thread (highest id);
 /// - `list` is newest first and never returns state;
-/// - `lock_thread` fails fast with [`CheckpointError::ThreadBusy`] while another holder exists.
+/// - `lock_thread` fails fast with [`CheckpointError::ThreadBusy`] while another holder exists;
+/// - `is_thread_locked` is true while some holder (this process or, for shared backends, another)
+///   holds the thread's lock, and takes nothing: probing never makes a `lock_thread` fail.
 pub trait Checkpointer: Send + Sync + 'static {
     /// Stores a checkpoint and returns its metadata with the assigned id.
     fn put(&self, checkpoint: NewCheckpoint) -> impl Future<Output = Result<CheckpointMeta, CheckpointError>> + Send;
@@ -317,6 +319,10 @@ pub trait Checkpointer: Send + Sync + 'static {
     fn copy_thread(&self, from: &str, to: &str) -> impl Future<Output = Result<(), CheckpointError>> + Send;
     /// Takes the thread's run lock without waiting.
     fn lock_thread(&self, thread_id: &str) -> impl Future<Output = Result<ThreadLock, CheckpointError>> + Send;
+    /// Whether the thread's run lock is held now: true while some holder (this process or, for
+    /// shared backends, another) holds it. Takes nothing, so it never makes a `lock_thread` fail;
+    /// the answer may be stale by the time it arrives, so it is for reporting, not for exclusion.
+    fn is_thread_locked(&self, thread_id: &str) -> impl Future<Output = Result<bool, CheckpointError>> + Send;
 }
 
 /// A boxed future.
@@ -342,6 +348,8 @@ pub trait DynCheckpointer: Send + Sync + 'static {
     fn copy_thread_boxed<'a>(&'a self, from: &'a str, to: &'a str) -> BoxFuture<'a, Result<(), CheckpointError>>;
     /// See [`Checkpointer::lock_thread`].
     fn lock_thread_boxed<'a>(&'a self, thread_id: &'a str) -> BoxFuture<'a, Result<ThreadLock, CheckpointError>>;
+    /// See [`Checkpointer::is_thread_locked`].
+    fn is_thread_locked_boxed<'a>(&'a self, thread_id: &'a str) -> BoxFuture<'a, Result<bool, CheckpointError>>;
 }
 
 impl<C: Checkpointer> DynCheckpointer for C {
@@ -369,5 +377,8 @@ impl<C: Checkpointer> DynCheckpointer for C {
     }
     fn lock_thread_boxed<'a>(&'a self, thread_id: &'a str) -> BoxFuture<'a, Result<ThreadLock, CheckpointError>> {
         Box::pin(self.lock_thread(thread_id))
+    }
+    fn is_thread_locked_boxed<'a>(&'a self, thread_id: &'a str) -> BoxFuture<'a, Result<bool, CheckpointError>> {
+        Box::pin(self.is_thread_locked(thread_id))
     }
 }

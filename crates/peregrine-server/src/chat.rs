@@ -1,10 +1,8 @@
 //! The handlers of the OpenAI-compatible API: `GET /v1/models`, `GET /v1/models/{model}` and
 //! `POST /v1/chat/completions` (one JSON answer, or an SSE stream with keep-alive comments).
-//! Each turn runs as its own task that a dropped request cancels; a conversation's first turn is
-//! filed under the thread id its first exchange derives; Open WebUI's background tasks get one
-//! direct LLM call instead of a turn.
-
-mod filing;
+//! Each turn runs as its own task that a dropped request cancels; a new conversation's first
+//! answer carries the invisible mark its later requests are known by; Open WebUI's background
+//! tasks get one direct LLM call instead of a turn.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -14,30 +12,38 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt as _;
 use peregrine_agent::{Agent, AgentError, Session, TurnOptions, TurnResult, TurnStatus};
-use peregrine_core::AgentEvent;
+use peregrine_core::events::EventKind;
+use peregrine_core::{AgentEvent, EventSink};
 use peregrine_graph::RunEvent;
-use peregrine_llm::{CallOptions, roles};
+use peregrine_llm::{CallOptions, ChatMessage, LlmClient, roles};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
-use tokio::sync::oneshot;
-
-use self::filing::Filing;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::Redact;
 use crate::auth::ApiKeys;
 use crate::error::{ApiError, json_response};
-use crate::progress::{TurnTrace, Usage};
-use crate::request::{ChatRequest, Conversation};
+use crate::progress::{TurnTrace, Usage, marked};
+use crate::request::{BackgroundTask, ChatRequest, Conversation};
 
 /// How long a stream may send nothing before it sends [`KEEP_ALIVE`], so that proxies do not cut
-/// a long turn.
+/// a long turn; also how long a stream waits for its turn to start before it answers anyway.
 pub(crate) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 /// The SSE comment a silent stream sends (clients ignore comments).
 const KEEP_ALIVE: &str = ": keep-alive\n\n";
 /// The last event of every stream.
 const DONE: &str = "data: [DONE]\n\n";
+/// The header the official `openai` clients obey before they retry an error answer.
+const SHOULD_RETRY: &str = "x-should-retry";
+/// The most answer pieces (streamed tokens) a background task's LLM call may produce; the call
+/// is stopped there and answered with `finish_reason: "length"`.
+pub(crate) const TASK_MAX_TOKENS: usize = 1024;
+/// The component a background task's LLM call is made for.
+const BACKGROUND_TASK: &str = "background_task";
 
 /// What every handler shares.
 pub(crate) struct ServerState {
@@ -56,6 +62,10 @@ pub(crate) struct ServerState {
     pub agent_data_dir: Option<std::path::PathBuf>,
     /// The native API's runs.
     pub runs: crate::runs::RunRegistry,
+    /// Every running turn (chat completions and runs), for a clean shutdown.
+    pub tasks: tokio_util::task::TaskTracker,
+    /// Cancelled when the server stops: the parent of every turn's cancel token.
+    pub stopping: CancellationToken,
 }
 
 pub(crate) type Shared = State<Arc<ServerState>>;
@@ -99,9 +109,21 @@ pub(crate) async fn chat_completions(State(state): Shared, headers: HeaderMap, b
             if error.status.is_server_error() {
                 tracing::warn!(error = %error.message, "chat completion failed");
             }
-            error.into_response()
+            refusal(error)
         }
     }
+}
+
+/// An error answer. A 500 (the turn failed after it may have written checkpoints) and a 409
+/// `thread_busy` (the turn still runs) say `x-should-retry: false`: the official clients would
+/// otherwise send the same turn again on their own.
+fn refusal(error: ApiError) -> Response {
+    let final_answer = error.status == StatusCode::INTERNAL_SERVER_ERROR || error.code == Some("thread_busy");
+    let mut response = error.into_response();
+    if final_answer {
+        response.headers_mut().insert(SHOULD_RETRY, HeaderValue::from_static("false"));
+    }
+    response
 }
 
 /// Authenticates, reads and checks the request, then answers a background task directly, or
@@ -115,53 +137,133 @@ async fn answer(state: &Arc<ServerState>, headers: &HeaderMap, body: Body) -> Re
     }
     request.check_supported()?;
     if let Some(task) = request.background_task() {
-        return background_task(state, &request, &task).await;
+        return background_task(state, &request, task).await;
     }
-    let conversation = request.conversation(&caller, headers)?;
+    let mut conversation = request.conversation(&caller, headers)?;
     let busy = BusyThread::claim(state, &conversation.thread_id)?;
     tracing::info!(
-        thread = %conversation.thread_id, first_turn = conversation.first_turn.is_some(), stream = request.is_stream(),
-        "chat completion turn starts"
+        thread = %conversation.thread_id, identity = ?conversation.identity, stream = request.is_stream(), "chat completion turn starts"
     );
+    let mark = conversation.mark.take();
     let turn = RunningTurn::start(Arc::clone(state), conversation, busy);
-    if request.is_stream() { stream_answer(state, &request, turn).await } else { json_answer(state, turn).await }
+    if request.is_stream() { stream_answer(state, &request, turn, mark).await } else { json_answer(state, turn, mark).await }
 }
 
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+/// The body, up to `limit` bytes: 413 beyond, 400 `invalid_body` when it cannot be read (the
+/// client stopped sending it, or broke its encoding).
+pub(crate) async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|value| value.to_str().ok()).and_then(|value| value.parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(ApiError::body_too_large(limit));
     }
-    axum::body::to_bytes(body, limit).await.map_err(|_| ApiError::body_too_large(limit))
+    let mut stream = body.into_data_stream();
+    let mut read = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|error| ApiError::body_unreadable(&error.to_string()))?;
+        if read.len() + chunk.len() > limit {
+            return Err(ApiError::body_too_large(limit));
+        }
+        read.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(read))
 }
 
 /// One of Open WebUI's background tasks (a title, tags, follow-ups, …): one LLM call of the
-/// `response` role with the request's messages as they are, answered in the usual shape. No
-/// turn runs and no thread is read or written.
-async fn background_task(state: &ServerState, request: &ChatRequest, task: &str) -> Result<Response, ApiError> {
-    let messages = request.llm_messages()?;
-    tracing::info!(task, stream = request.is_stream(), "background task: one direct LLM call, no agent turn");
-    let response = state.agent.services().llm.complete(roles::RESPONSE, messages, CallOptions::default()).await.map_err(|error| {
+/// `response` role with the task's prompt alone, stopped after [`TASK_MAX_TOKENS`], answered in
+/// the usual shape. No turn runs and no thread is read or written.
+async fn background_task(state: &ServerState, request: &ChatRequest, task: BackgroundTask) -> Result<Response, ApiError> {
+    tracing::info!(task = %task.name, stream = request.is_stream(), "background task: one direct LLM call, no agent turn");
+    let answer = capped_completion(&state.agent.services().llm, task.prompt).await.map_err(|error| {
         ApiError::server_error(format!(
             "The model could not answer this background task ({error}); no conversation changed, send the request again."
         ))
     })?;
-    let usage =
-        Usage { prompt_tokens: response.usage.input_tokens.unwrap_or(0), completion_tokens: response.usage.output_tokens.unwrap_or(0) };
     if !request.is_stream() {
-        return Ok(json_response(StatusCode::OK, &completion(&state.model_id, &response.content, &usage)));
+        let mut body = completion(&state.model_id, &answer.content, &answer.usage);
+        body["choices"][0]["finish_reason"] = json!(answer.finish_reason);
+        return Ok(json_response(StatusCode::OK, &body));
     }
     let chunks = Chunks::new(&state.model_id);
     let mut body = chunks.chunk(json!({"role": "assistant"}), None);
-    if !response.content.is_empty() {
-        body.push_str(&chunks.chunk(json!({"content": response.content}), None));
+    if !answer.content.is_empty() {
+        body.push_str(&chunks.chunk(json!({"content": answer.content}), None));
     }
-    body.push_str(&chunks.chunk(json!({}), Some("stop")));
+    body.push_str(&chunks.chunk(json!({}), Some(answer.finish_reason)));
     if request.include_usage() {
-        body.push_str(&chunks.usage(&usage));
+        body.push_str(&chunks.usage(&answer.usage));
     }
     body.push_str(DONE);
     Ok(sse_response(Body::from(body)))
+}
+
+/// A background task's answer.
+struct TaskAnswer {
+    content: String,
+    usage: Usage,
+    finish_reason: &'static str,
+}
+
+/// `prompt` answered by the `response` role, streamed so that the call can be stopped once it
+/// goes past [`TASK_MAX_TOKENS`] pieces (the configuration caps nothing for a caller's prompt);
+/// the answer is then its first [`TASK_MAX_TOKENS`] pieces.
+async fn capped_completion(llm: &LlmClient, prompt: String) -> Result<TaskAnswer, peregrine_llm::LlmError> {
+    let tokens = TaskTokens::default();
+    let options = CallOptions { events: Some(&tokens), component: Some(BACKGROUND_TASK) };
+    let call = llm.complete_streaming(roles::RESPONSE, vec![ChatMessage::user(prompt)], options);
+    // The call is dropped when the limit is passed first: its request is closed, and the
+    // provider stops generating.
+    let finished = tokio::select! {
+        response = call => Some(response?),
+        () = tokens.exceeded.notified() => None,
+    };
+    let received = tokens.taken();
+    let usage = finished.as_ref().map_or(Usage { prompt_tokens: 0, completion_tokens: received.pieces as u64 }, |response| Usage {
+        prompt_tokens: response.usage.input_tokens.unwrap_or(0),
+        completion_tokens: response.usage.output_tokens.unwrap_or(0),
+    });
+    match finished {
+        Some(response) if !received.over => Ok(TaskAnswer { content: response.content, usage, finish_reason: "stop" }),
+        _ => {
+            tracing::info!(pieces = received.pieces, "a background task's answer was cut at its limit");
+            Ok(TaskAnswer { content: received.text, usage, finish_reason: "length" })
+        }
+    }
+}
+
+/// What a background task's call streamed, up to [`TASK_MAX_TOKENS`] pieces.
+#[derive(Debug, Default)]
+struct Received {
+    text: String,
+    pieces: usize,
+    /// More pieces came than were kept.
+    over: bool,
+}
+
+/// Collects a background task's streamed answer and says when it goes past [`TASK_MAX_TOKENS`].
+#[derive(Default)]
+struct TaskTokens {
+    received: Mutex<Received>,
+    exceeded: Notify,
+}
+
+impl TaskTokens {
+    fn taken(&self) -> Received {
+        std::mem::take(&mut *self.received.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl EventSink for TaskTokens {
+    fn emit(&self, event: AgentEvent) {
+        let EventKind::LlmToken { content, .. } = event.kind else { return };
+        let mut received = self.received.lock().unwrap_or_else(PoisonError::into_inner);
+        if received.pieces < TASK_MAX_TOKENS {
+            received.text.push_str(&content);
+            received.pieces += 1;
+        } else if !received.over {
+            received.over = true;
+            self.exceeded.notify_one();
+        }
+    }
 }
 
 /// Marks a thread busy until dropped (when its turn task ends); both APIs claim it, so a thread
@@ -192,35 +294,27 @@ type TurnOutcome = Result<TurnResult, ApiError>;
 
 /// A turn running in its own task; dropping this cancels it (the last checkpoint stays).
 struct RunningTurn {
-    thread_id: String,
     events: UnboundedReceiver<RunEvent<AgentEvent>>,
     ended: oneshot::Receiver<Result<TurnResult, AgentError>>,
     ended_seen: bool,
     outcome: Option<TurnOutcome>,
-    /// For a conversation's first turn: where the content sent goes.
-    filing: Option<Filing>,
     _cancel_on_drop: DropGuard,
 }
 
 impl RunningTurn {
     fn start(state: Arc<ServerState>, conversation: Conversation, busy: BusyThread) -> Self {
         let (sender, events) = tokio::sync::mpsc::unbounded_channel();
-        let cancel = CancellationToken::new();
+        let cancel = state.stopping.child_token();
         let options = TurnOptions { events: Some(sender), cancel: cancel.clone() };
-        let Conversation { thread_id, first_turn, input, session } = conversation;
-        let task_thread_id = thread_id.clone();
+        let Conversation { thread_id, input, session, .. } = conversation;
         let (ended_sender, ended) = oneshot::channel();
-        let (filing, filer) = first_turn.map(filing::channel).unzip();
-        tokio::spawn(async move {
+        let tasks = state.tasks.clone();
+        tasks.spawn(async move {
             let _busy = busy;
-            let result = send(&state, &task_thread_id, &input, &session, options).await;
-            // The answer needs the outcome for its last content, and only then reports it.
+            let result = send(&state, &thread_id, &input, &session, options).await;
             let _ = ended_sender.send(result);
-            if let Some(filer) = filer {
-                filer.file(&state, &task_thread_id).await;
-            }
         });
-        Self { thread_id, events, ended, ended_seen: false, outcome: None, filing, _cancel_on_drop: cancel.drop_guard() }
+        Self { events, ended, ended_seen: false, outcome: None, _cancel_on_drop: cancel.drop_guard() }
     }
 
     /// The turn's next event; `None` once it has ended and every event was read. Cancel-safe.
@@ -249,22 +343,6 @@ impl RunningTurn {
             .take()
             .unwrap_or_else(|| Err(ApiError::server_error("The turn's outcome was already taken; this is a bug in the server.")))
     }
-
-    /// Notes content sent to the client: a first turn's thread is filed under what it derives.
-    fn sent(&mut self, text: &str) {
-        if let Some(filing) = &mut self.filing {
-            filing.push(text);
-        }
-    }
-
-    /// For a first turn: hands the complete answer to the turn's task and waits until the
-    /// thread is filed (see [`Filing::finish`]); other turns get `last` back as is.
-    async fn file(&mut self, last: Option<String>) -> Option<String> {
-        match self.filing.take() {
-            Some(filing) => filing.finish(&self.thread_id, last).await,
-            None => last,
-        }
-    }
 }
 
 async fn send(
@@ -285,7 +363,7 @@ async fn send(
         tracing::info!(thread = %thread_id, "finishing the conversation's cut-off turn before anything else");
         return agent.continue_turn(thread_id, options).await;
     }
-    let result = agent.send(thread_id, input, session, options).await;
+    let result = crate::native::retry_while_held(&options.cancel, || agent.send(thread_id, input, session, options.clone())).await;
     match &result {
         Ok(turn) => tracing::info!(thread = %thread_id, status = ?turn.status, "chat completion turn ended"),
         Err(error) => tracing::warn!(thread = %thread_id, error = %(state.redact)(&error.to_string()), "chat completion turn failed"),
@@ -323,14 +401,18 @@ fn completion(model: &str, content: &str, usage: &Usage) -> Value {
     })
 }
 
-/// The non-stream answer.
-async fn json_answer(state: &ServerState, mut turn: RunningTurn) -> Result<Response, ApiError> {
-    let mut trace = TurnTrace::new(false);
+/// The non-stream answer; a new conversation's mark opens its content.
+async fn json_answer(state: &ServerState, mut turn: RunningTurn, mark: Option<String>) -> Result<Response, ApiError> {
+    let mut trace = TurnTrace::new(false, None);
     while let Some(event) = turn.next_event().await {
         trace.observe(&event);
     }
     let result = turn.take_outcome()?;
-    let content = turn.file(response_text(&result, &state.redact)).await.unwrap_or_default();
+    let text = response_text(&result, &state.redact).unwrap_or_default();
+    let content = match mark {
+        Some(mark) => marked(&mark, &text),
+        None => text,
+    };
     Ok(json_response(StatusCode::OK, &completion(&state.model_id, &content, &trace.usage)))
 }
 
@@ -343,32 +425,45 @@ fn sse_response(body: Body) -> Response {
     (StatusCode::OK, headers, body).into_response()
 }
 
-/// The streamed answer. Events are held back until the run starts, so that a message the
-/// gateway refuses is still answered with an HTTP error.
-async fn stream_answer(state: &ServerState, request: &ChatRequest, mut turn: RunningTurn) -> Result<Response, ApiError> {
-    let mut held = VecDeque::new();
-    loop {
-        match turn.next_event().await {
-            Some(event) => {
-                let started = matches!(event, RunEvent::RunStarted { .. } | RunEvent::NodeStarted { .. });
-                held.push_back(event);
-                if started {
-                    break;
-                }
-            }
-            None => {
-                if let Some(Err(error)) = &turn.outcome {
-                    return Err(error.clone());
-                }
-                break;
-            }
-        }
-    }
-    let trace = TurnTrace::new(state.status_lines);
+/// The streamed answer. See [`wait_for_start`] for when it begins.
+async fn stream_answer(
+    state: &ServerState,
+    request: &ChatRequest,
+    mut turn: RunningTurn,
+    mark: Option<String>,
+) -> Result<Response, ApiError> {
+    let held = wait_for_start(&mut turn, KEEP_ALIVE_INTERVAL).await?;
+    let trace = TurnTrace::new(state.status_lines, mark);
     let sse = SseTurn::new(Chunks::new(&state.model_id), request.include_usage(), trace, held, turn, Arc::clone(&state.redact));
     let stream =
         futures::stream::unfold(sse, |mut sse| async move { sse.next_bytes().await.map(|bytes| (Ok::<_, std::io::Error>(bytes), sse)) });
     Ok(sse_response(Body::from_stream(stream)))
+}
+
+/// The turn's events until its run starts, held back so that a message the gateway refuses (or
+/// a thread another process holds) is still answered with an HTTP error; but no longer than
+/// `patience`, so that a turn slow to start does not leave the client without headers.
+async fn wait_for_start(turn: &mut RunningTurn, patience: Duration) -> Result<VecDeque<RunEvent<AgentEvent>>, ApiError> {
+    let deadline = Instant::now() + patience;
+    let mut held = VecDeque::new();
+    loop {
+        match tokio::time::timeout_at(deadline, turn.next_event()).await {
+            Ok(Some(event)) => {
+                let started = matches!(event, RunEvent::RunStarted { .. } | RunEvent::NodeStarted { .. });
+                held.push_back(event);
+                if started {
+                    return Ok(held);
+                }
+            }
+            Ok(None) => {
+                if let Some(Err(error)) = &turn.outcome {
+                    return Err(error.clone());
+                }
+                return Ok(held);
+            }
+            Err(_slow) => return Ok(held),
+        }
+    }
 }
 
 /// What every chunk of one streamed answer shares: the id, the creation time and the model.
@@ -407,9 +502,12 @@ struct SseTurn {
     trace: TurnTrace,
     held: VecDeque<RunEvent<AgentEvent>>,
     turn: RunningTurn,
-    role_sent: bool,
+    started: bool,
     done: bool,
     keep_alive: Duration,
+    /// When the stream last sent bytes: a keep-alive follows [`SseTurn::keep_alive`] later,
+    /// whatever happened meanwhile that sent nothing.
+    last_write: Instant,
     redact: Redact,
 }
 
@@ -422,17 +520,29 @@ impl SseTurn {
         turn: RunningTurn,
         redact: Redact,
     ) -> Self {
-        Self { chunks, include_usage, trace, held, turn, role_sent: false, done: false, keep_alive: KEEP_ALIVE_INTERVAL, redact }
+        Self {
+            chunks,
+            include_usage,
+            trace,
+            held,
+            turn,
+            started: false,
+            done: false,
+            keep_alive: KEEP_ALIVE_INTERVAL,
+            last_write: Instant::now(),
+            redact,
+        }
     }
 
-    /// Content chunks for `pieces`, noted as sent.
-    fn content(&mut self, pieces: &[String]) -> String {
-        let mut out = String::new();
-        for piece in pieces {
-            self.turn.sent(piece);
-            out.push_str(&self.chunks.chunk(json!({"content": piece}), None));
-        }
-        out
+    /// Content chunks for `pieces`.
+    fn content(&self, pieces: &[String]) -> String {
+        pieces.iter().map(|piece| self.chunks.chunk(json!({"content": piece}), None)).collect()
+    }
+
+    /// `text` as the next bytes, noting the time.
+    fn written(&mut self, text: String) -> Option<Bytes> {
+        self.last_write = Instant::now();
+        Some(Bytes::from(text))
     }
 
     /// The next bytes of the stream; `None` after `[DONE]`.
@@ -440,41 +550,45 @@ impl SseTurn {
         if self.done {
             return None;
         }
-        if !self.role_sent {
-            self.role_sent = true;
-            return Some(Bytes::from(self.chunks.chunk(json!({"role": "assistant"}), None)));
+        if !self.started {
+            self.started = true;
+            let opening = self.trace.opening();
+            let first = self.chunks.chunk(json!({"role": "assistant"}), None) + &self.content(&opening);
+            return self.written(first);
         }
         loop {
             let next = match self.held.pop_front() {
                 Some(event) => Some(event),
-                None => match tokio::time::timeout(self.keep_alive, self.turn.next_event()).await {
+                None => match tokio::time::timeout_at(self.last_write + self.keep_alive, self.turn.next_event()).await {
                     Ok(next) => next,
-                    Err(_silent) => return Some(Bytes::from_static(KEEP_ALIVE.as_bytes())),
+                    Err(_silent) => return self.written(KEEP_ALIVE.to_owned()),
                 },
             };
             let Some(run_event) = next else { break };
             let pieces = self.trace.observe(&run_event);
             if !pieces.is_empty() {
-                return Some(Bytes::from(self.content(&pieces)));
+                let content = self.content(&pieces);
+                return self.written(content);
             }
         }
         self.done = true;
         let outcome = self.turn.take_outcome();
-        Some(Bytes::from(self.finish(outcome).await))
+        let end = self.finish(outcome);
+        self.written(end)
     }
 
-    /// The end: the response text if it was not streamed (a first turn's thread is filed
-    /// before the client sees it, so its next request finds it), `finish_reason: "stop"`, usage
-    /// and `[DONE]`; or an error event when the turn failed after the stream began.
-    async fn finish(&mut self, outcome: TurnOutcome) -> String {
-        let mut out = String::new();
-        let closing = outcome.as_ref().ok().and_then(|result| {
-            let response = response_text(result, &self.redact);
-            self.trace.closing_text(response.as_deref(), result.status == TurnStatus::Failed)
-        });
-        if let Some(text) = self.turn.file(closing).await {
-            out.push_str(&self.content(&[text]));
-        }
+    /// The end: the response text if it was not streamed, and the mark if nothing carried it
+    /// yet; `finish_reason: "stop"`, usage and `[DONE]`; or an error event when the turn failed
+    /// after the stream began.
+    fn finish(&mut self, outcome: TurnOutcome) -> String {
+        let closing = match &outcome {
+            Ok(result) => {
+                let response = response_text(result, &self.redact);
+                self.trace.closing_text(response.as_deref(), result.status == TurnStatus::Failed)
+            }
+            Err(_) => self.trace.unsent_mark(),
+        };
+        let mut out = closing.map(|text| self.content(&[text])).unwrap_or_default();
         match outcome {
             Ok(_) => {
                 out.push_str(&self.chunks.chunk(json!({}), Some("stop")));
@@ -502,30 +616,27 @@ mod tests {
 
     type Ended = oneshot::Sender<Result<TurnResult, AgentError>>;
 
-    const FRESH: &str = "oai-0123456789ab-0123456789abcdef";
+    const MARK: &str = "\u{2060}\u{200B}\u{200C}";
 
     /// A turn whose events and end the test sends itself.
-    fn fake_turn(filing: Option<Filing>) -> (RunningTurn, UnboundedSender<RunEvent<AgentEvent>>, Ended) {
+    fn fake_turn() -> (RunningTurn, UnboundedSender<RunEvent<AgentEvent>>, Ended) {
         let (events_sender, events) = tokio::sync::mpsc::unbounded_channel();
         let (ended_sender, ended) = oneshot::channel();
-        let turn = RunningTurn {
-            thread_id: FRESH.to_owned(),
-            events,
-            ended,
-            ended_seen: false,
-            outcome: None,
-            filing,
-            _cancel_on_drop: CancellationToken::new().drop_guard(),
-        };
+        let turn = RunningTurn { events, ended, ended_seen: false, outcome: None, _cancel_on_drop: CancellationToken::new().drop_guard() };
         (turn, events_sender, ended_sender)
     }
 
     fn sse(turn: RunningTurn, redact: Redact) -> SseTurn {
-        SseTurn::new(Chunks::new("m"), false, TurnTrace::new(true), VecDeque::new(), turn, redact)
+        SseTurn::new(Chunks::new("m"), false, TurnTrace::new(true, None), VecDeque::new(), turn, redact)
     }
 
     fn token(text: &str) -> RunEvent<AgentEvent> {
         RunEvent::Custom(AgentEvent::new("respond", EventKind::LlmToken { role: "response".into(), content: text.into() }))
+    }
+
+    /// An event that adds nothing to the answer.
+    fn quiet() -> RunEvent<AgentEvent> {
+        RunEvent::Custom(AgentEvent::status("classifier", peregrine_core::events::StatusLevel::Info, "thinking"))
     }
 
     fn ended(status: TurnStatus, response: &str) -> Result<TurnResult, AgentError> {
@@ -538,12 +649,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_silent_stream_sends_keep_alive_comments() {
-        let (turn, events, end) = fake_turn(None);
+        let (turn, events, end) = fake_turn();
         let mut sse = sse(turn, Arc::new(str::to_owned));
         assert!(text(sse.next_bytes().await).contains(r#""delta":{"role":"assistant"}"#));
-        let waited = tokio::time::Instant::now();
+        let waited = Instant::now();
         assert_eq!(text(sse.next_bytes().await), KEEP_ALIVE, "nothing happened for a while");
-        assert!(waited.elapsed() >= KEEP_ALIVE_INTERVAL);
+        assert_eq!(waited.elapsed(), KEEP_ALIVE_INTERVAL);
         events.send(token("Hi")).unwrap();
         assert!(text(sse.next_bytes().await).contains(r#""content":"Hi""#), "an event comes through at once");
         assert_eq!(text(sse.next_bytes().await), KEEP_ALIVE);
@@ -554,17 +665,86 @@ mod tests {
         assert!(sse.next_bytes().await.is_none());
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn events_that_send_nothing_do_not_put_off_the_keep_alive() {
+        let (turn, events, _end) = fake_turn();
+        let mut sse = sse(turn, Arc::new(str::to_owned));
+        sse.next_bytes().await;
+        let written = Instant::now();
+        // Something happens every 10 s, but nothing the client sees.
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                if events.send(quiet()).is_err() {
+                    break;
+                }
+            }
+        });
+        assert_eq!(text(sse.next_bytes().await), KEEP_ALIVE);
+        assert_eq!(written.elapsed(), KEEP_ALIVE_INTERVAL, "15 s after the last bytes, not after the last event");
+        let written = Instant::now();
+        assert_eq!(text(sse.next_bytes().await), KEEP_ALIVE);
+        assert_eq!(written.elapsed(), KEEP_ALIVE_INTERVAL);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_slow_to_start_is_answered_after_a_while_and_a_refused_one_at_once() {
+        let (mut turn, events, _end) = fake_turn();
+        events.send(quiet()).unwrap();
+        let waiting = Instant::now();
+        let held = wait_for_start(&mut turn, KEEP_ALIVE_INTERVAL).await.unwrap();
+        assert_eq!((held.len(), waiting.elapsed()), (1, KEEP_ALIVE_INTERVAL), "the stream starts anyway, with what came");
+
+        let (mut turn, events, _end) = fake_turn();
+        events.send(RunEvent::NodeStarted { node: "task_extraction".into(), step: 1 }).unwrap();
+        events.send(token("later")).unwrap();
+        let waiting = Instant::now();
+        assert_eq!(wait_for_start(&mut turn, KEEP_ALIVE_INTERVAL).await.unwrap().len(), 1);
+        assert_eq!(waiting.elapsed(), Duration::ZERO);
+
+        let (mut turn, _events, end) = fake_turn();
+        end.send(Err(AgentError::Run(peregrine_graph::RunError::Checkpoint(peregrine_graph::CheckpointError::ThreadBusy {
+            thread_id: "t".into(),
+        }))))
+        .unwrap();
+        let refused = wait_for_start(&mut turn, KEEP_ALIVE_INTERVAL).await.unwrap_err();
+        assert_eq!((refused.status.as_u16(), refused.code), (409, Some("thread_busy")));
+    }
+
+    #[tokio::test]
+    async fn a_new_conversations_mark_opens_the_stream_and_a_failed_stream_still_sends_it() {
+        let (turn, events, end) = fake_turn();
+        let trace = TurnTrace::new(false, Some(MARK.to_owned()));
+        let mut stream = SseTurn::new(Chunks::new("m"), false, trace, VecDeque::new(), turn, Arc::new(str::to_owned));
+        let first = text(stream.next_bytes().await);
+        assert!(first.contains(r#""delta":{"role":"assistant"}"#) && first.contains(&format!(r#""content":"{MARK}""#)), "{first}");
+        events.send(token("Hi")).unwrap();
+        assert!(text(stream.next_bytes().await).contains(r#""content":"Hi""#));
+        end.send(ended(TurnStatus::Completed, "Hi")).unwrap();
+        assert!(!text(stream.next_bytes().await).contains(MARK), "sent once");
+
+        let (turn, _events, end) = fake_turn();
+        let trace = TurnTrace::new(true, Some(MARK.to_owned()));
+        let mut stream = SseTurn::new(Chunks::new("m"), false, trace, VecDeque::new(), turn, Arc::new(str::to_owned));
+        assert!(!text(stream.next_bytes().await).contains(MARK), "with status lines it waits for the first one");
+        let storage = peregrine_graph::CheckpointError::Corrupt { thread_id: "t".into(), reason: "unreadable".into() };
+        end.send(Err(AgentError::Run(peregrine_graph::RunError::Checkpoint(storage)))).unwrap();
+        let last = text(stream.next_bytes().await);
+        let mark_at = last.find(MARK).expect("the mark is sent");
+        assert!(mark_at < last.find(r#"{"error":"#).unwrap(), "{last}");
+    }
+
     #[tokio::test]
     async fn a_failed_turns_report_and_error_events_are_redacted() {
         let redact: Redact = Arc::new(|text: &str| text.replace("pa55word", "[REDACTED]"));
-        let (turn, _events, end) = fake_turn(None);
+        let (turn, _events, end) = fake_turn();
         let mut stream = sse(turn, Arc::clone(&redact));
         stream.next_bytes().await;
         end.send(ended(TurnStatus::Failed, "postgres://user:pa55word@db refused the connection")).unwrap();
         let last = text(stream.next_bytes().await);
         assert!(last.contains("[REDACTED]") && !last.contains("pa55word"), "{last}");
 
-        let (turn, _events, end) = fake_turn(None);
+        let (turn, _events, end) = fake_turn();
         let mut stream = sse(turn, redact);
         stream.next_bytes().await;
         let storage = peregrine_graph::CheckpointError::Corrupt { thread_id: "t".into(), reason: "pa55word".into() };
@@ -573,36 +753,48 @@ mod tests {
         assert!(last.contains(r#"data: {"error":"#) && last.contains("[REDACTED]") && !last.contains("pa55word"), "{last}");
     }
 
-    #[tokio::test]
-    async fn a_first_answer_hands_over_what_it_sent_also_when_dropped_half_way() {
-        // Dropped half way: what was sent, not complete.
-        let (first, transcript, _filed) = filing::detached();
-        let (turn, events, _end) = fake_turn(Some(first));
-        let mut stream = sse(turn, Arc::new(str::to_owned));
-        stream.next_bytes().await;
-        events.send(token("Hel")).unwrap();
-        stream.next_bytes().await;
-        drop(stream);
-        assert_eq!(transcript.await.unwrap(), ("Hel".to_owned(), false));
+    #[test]
+    fn failed_turns_and_busy_threads_are_not_retried_by_clients() {
+        let should_retry = |error: ApiError| refusal(error).headers().get(SHOULD_RETRY).map(|value| value.to_str().unwrap().to_owned());
+        assert_eq!(should_retry(ApiError::thread_busy()).as_deref(), Some("false"));
+        assert_eq!(should_retry(ApiError::server_error("failed")).as_deref(), Some("false"));
+        assert_eq!(should_retry(ApiError::invalid_messages("x")), None);
+        assert_eq!(should_retry(ApiError::conflict("stale_approval", "x")), None);
+    }
 
-        // Complete: everything, the closing text as the turn wrote it; the client gets it naming
-        // the thread it was filed under, then the mark, then the end.
-        let (first, transcript, filed) = filing::detached();
-        let (turn, events, end) = fake_turn(Some(first));
-        let mut stream = sse(turn, Arc::new(str::to_owned));
-        stream.next_bytes().await;
-        events.send(token("Hello.")).unwrap();
-        stream.next_bytes().await;
-        end.send(ended(TurnStatus::Failed, &format!("Report: see {FRESH}/plan.json"))).unwrap();
-        let filer = tokio::spawn(async move {
-            let handed = transcript.await.unwrap();
-            filed.send(Some(filing::Filed { thread_id: "oai-derived".into(), mark: "\u{2060}\u{200B}".into() })).unwrap();
-            handed
-        });
-        let last = text(stream.next_bytes().await);
-        assert_eq!(filer.await.unwrap(), (format!("Hello.\n\nReport: see {FRESH}/plan.json"), true));
-        assert!(last.contains("Report: see oai-derived/plan.json") && !last.contains(FRESH), "{last}");
-        let mark_at = last.find("\u{2060}\u{200B}").expect("the mark is sent");
-        assert!(mark_at < last.find("\"stop\"").unwrap(), "the mark comes before the end: {last}");
+    #[tokio::test]
+    async fn a_body_too_large_and_a_body_cut_off_are_told_apart() {
+        let cut = Body::from_stream(futures::stream::iter([Ok(Bytes::from_static(b"{\"model\"")), Err(std::io::Error::other("reset"))]));
+        let error = read_body(&HeaderMap::new(), cut, 1024).await.unwrap_err();
+        assert_eq!((error.status.as_u16(), error.code), (400, Some("invalid_body")), "{error}");
+        assert!(!error.message.contains("large"), "{error}");
+        let large = Body::from_stream(futures::stream::iter((0..2).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b' '; 600])))));
+        let error = read_body(&HeaderMap::new(), large, 1024).await.unwrap_err();
+        assert_eq!((error.status.as_u16(), error.code), (413, Some("request_too_large")));
+        let fits = Body::from_stream(futures::stream::iter((0..2).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b' '; 512])))));
+        assert_eq!(read_body(&HeaderMap::new(), fits, 1024).await.unwrap().len(), 1024);
+    }
+
+    #[tokio::test]
+    async fn a_background_tasks_answer_stops_at_its_limit() {
+        let tokens = TaskTokens::default();
+        let piece = |number: usize| {
+            AgentEvent::new(BACKGROUND_TASK, EventKind::LlmToken { role: "response".into(), content: format!("{number} ") })
+        };
+        for number in 0..TASK_MAX_TOKENS {
+            tokens.emit(piece(number));
+        }
+        let (text, pieces, over) = {
+            let received = tokens.received.lock().unwrap();
+            (received.text.clone(), received.pieces, received.over)
+        };
+        assert_eq!((pieces, over), (TASK_MAX_TOKENS, false), "as many as allowed: {text}");
+        for number in TASK_MAX_TOKENS..TASK_MAX_TOKENS + 5 {
+            tokens.emit(piece(number));
+        }
+        tokio::time::timeout(Duration::from_secs(5), tokens.exceeded.notified()).await.expect("passing the limit is announced");
+        let received = tokens.taken();
+        assert_eq!((received.pieces, received.over), (TASK_MAX_TOKENS, true));
+        assert!(received.text.ends_with(&format!(" {} ", TASK_MAX_TOKENS - 1)), "nothing past the limit: {}", received.text);
     }
 }

@@ -62,9 +62,7 @@ impl ApiError {
 
     /// 413: the body is larger than the server accepts.
     pub fn body_too_large(limit: usize) -> Self {
-        let message = format!(
-            "The request body is larger than this server's limit of {limit} bytes (or could not be read); send a shorter conversation."
-        );
+        let message = format!("The request body is larger than this server's limit of {limit} bytes; send a shorter request.");
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("request_too_large"), message)
     }
 
@@ -140,6 +138,14 @@ impl ApiError {
     /// a forced tool call, structured output), named in `param`.
     pub fn unsupported_value(param: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", Some("unsupported_value"), message).with_param(param)
+    }
+
+    /// 400 `invalid_body`: the body could not be read to its end (`why`: the transport's
+    /// error); the client stopped sending it, or broke its encoding.
+    pub fn body_unreadable(why: &str) -> Self {
+        let why: String = why.chars().take(200).collect();
+        let message = format!("The request body could not be read to its end ({why}); send the request again.");
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", Some("invalid_body"), message)
     }
 }
 

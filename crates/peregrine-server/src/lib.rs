@@ -1,4 +1,4 @@
-//! Serves a Peregrine [`Agent`](peregrine_agent::Agent) over HTTP: an OpenAI-compatible API for
+//! Serves a Peregrine [`Agent`] over HTTP: an OpenAI-compatible API for
 //! Open WebUI and the official `openai` clients, a native threads/runs API with live events and
 //! approvals, and a web UI. [`router`] is an axum router; `peregrine serve` binds it.
 //!
@@ -12,12 +12,14 @@
 //! - Anything else: 404 (405 for a known route with another method) with an error body.
 //!
 //! Errors are `{"error":{"message","type","param","code"}}`: 401 `invalid_api_key`, 404
-//! `model_not_found` / `thread_not_found` / `run_not_found`, 400 with `param: "messages"` or code
+//! `model_not_found` / `thread_not_found` / `run_not_found`, 400 `invalid_json` for a body that
+//! is not a chat completions request, 400 `invalid_body` for a body that could not be read to its
+//! end (the client stopped sending it), 400 with `param: "messages"` or code
 //! `invalid_request`, 400 `unsupported_value` with `param` `n`, `tool_choice` or
 //! `response_format` (see Requests), 413 `request_too_large` for a body over [`ServerOptions::max_body_bytes`],
 //! 409 `thread_busy` while a turn of the thread runs (in this process or, with PostgreSQL, in
-//! another), 409 `no_pending_approval` / `stale_approval` / `unfinished_run` / `run_finished` /
-//! `thread_exists`, 400 when the agent's gateway refuses the message, 500 `server_error` when
+//! another), 409 `no_pending_approval` / `stale_approval` / `approval_pending` /
+//! `unfinished_run` / `nothing_to_continue` / `run_finished` / `thread_exists`, 400 when the agent's gateway refuses the message, 500 `server_error` when
 //! the run fails. Every message passes through [`ServerOptions::redact`] first, and so does the
 //! report of a turn that ended in the error node (it may quote a provider's or the store's error).
 //!
@@ -50,9 +52,19 @@
 //! Run = `{"run_id","thread_id","kind":"message|resume|continue","status":"running|success|error|interrupted|cancelled",
 //! "created_at","finished_at","result":{"status","response","interrupt"}|null,"error":{"message","code","http_status"}|null}`.
 //! A run is a task of its own: a client that disconnects from its stream does not stop it, and
-//! can reconnect. Runs are kept in memory by the process that started them (the last 1,000
-//! finished ones); threads, their state and their approvals are in the checkpoint store, so any
-//! process serving the store can answer an approval or continue a run another started.
+//! can reconnect. Runs are kept in memory by the process that started them: every running run,
+//! and of the finished ones the last 1,000 and at most 128 MiB of events, each for at least a
+//! minute after it ended (so `wait`, `stream` and `cancel` of a run must reach that process).
+//! Threads, their state and their approvals are in the checkpoint store, so any process serving
+//! the store can answer an approval or continue a run another started. A thread held by a run
+//! of another process shows `busy` with the PostgreSQL checkpointer; SQLite and memory locks are
+//! per process, so there another process's run shows as a cut-off (`resumable`) run. On
+//! shutdown ([`Server::shut_down`]) running runs get a grace period, then are cancelled: each
+//! ends `cancelled` at its last checkpoint and its followers get `end`.
+//!
+//! Everything answered (events, results, state, history) passes through
+//! [`ServerOptions::redact`], and approval payloads leave out the paths of files on the
+//! server's disk. URLs and query strings that cannot be read are JSON 400s.
 //!
 //! SSE events are `id: N` (1, 2, 3, …), `event: NAME`, `data: JSON`: `metadata`
 //! `{"run_id","thread_id"}` first; the engine's `run_started`, `node_started` `{"node","step"}`,
@@ -62,7 +74,8 @@
 //! `{"capability_name","step_number","total_steps","description"}`, `capability_complete`,
 //! `status`, `llm_request`, `llm_response`, `approval_required`, `approval_received`, `error`, …,
 //! each with `timestamp` and `component`); answer pieces as `token` `{"role","content"}`; and
-//! last `end` with the final Run. An idle stream sends a `: keep-alive` comment every 15 s.
+//! last `end` with the final Run. An idle stream sends a `: keep-alive` comment every 15 s. A
+//! `Last-Event-ID` beyond a finished run's last event is a 400.
 //!
 //! # Thread ownership
 //! Thread ids carry their owner: `t-<owner tag>-<32 hex>` (native) and
@@ -80,25 +93,41 @@
 //!
 //! # Requests
 //! `POST /v1/chat/completions` reads `model` (the served id), `messages`, `stream`,
-//! `stream_options.include_usage` and `user`; every other field is ignored, except three whose
-//! answer this server cannot give, refused with 400 `unsupported_value` naming the field in
-//! `param`: `n` over 1 (one choice is returned), `tool_choice` `"required"` or a named function
-//! (the agent calls no client tools; `"auto"`, `"none"` and `tools` alone are ignored), and
-//! `response_format` of type `json_schema` or `json_object` (no structured output). `user` counts
-//! only as a non-empty string; an object or a number is ignored. A message's text is its string
-//! content or its `text` parts joined by newlines. The turn's input is the last user message;
-//! only `system` messages may follow it (ignored, like every system message: the agent has its
-//! own prompts); a trailing `assistant` or `tool` message is a 400 with `param: "messages"`.
+//! `stream_options.include_usage`, `user` and `metadata.task`; every other field is ignored,
+//! except three whose answer this server cannot give, refused with 400 `unsupported_value`
+//! naming the field in `param`: `n` over 1 (one choice is returned), `tool_choice` `"required"`
+//! or a named function (the agent calls no client tools; `"auto"`, `"none"` and `tools` alone
+//! are ignored), and `response_format` of type `json_schema` or `json_object` (no structured
+//! output). `user` counts only as a non-empty string; an object or a number is ignored. A
+//! message's text is its string content or its `text` parts joined by newlines. The turn's input
+//! is the last user message; only `system` and `developer` messages may follow it (ignored, like
+//! every system and developer message: the agent has its own prompts); a trailing `assistant` or
+//! `tool` message is a 400 with `param: "messages"`. A 500 and a 409 `thread_busy` answer carry
+//! the header `x-should-retry: false`, which the official `openai` clients obey: a failed turn
+//! may have written checkpoints, and a busy thread's turn still runs, so sending the same turn
+//! again on their own would run it twice.
 //!
 //! # Background tasks
 //! Open WebUI asks the chat's model for titles, tags, follow-up suggestions, search queries and
-//! autocompletions. A request is such a task when its `metadata.task` is a non-empty string (a
-//! client that passes Open WebUI's metadata on) or its last user message begins with `### Task:`
-//! after leading whitespace, as Open WebUI's prompt templates do (Open WebUI drops `metadata`
-//! before it calls a connection). A task runs no turn and reads or writes no thread: its messages
-//! go as they are (`system`/`developer` as system, `assistant` as assistant, any other role as
-//! user; messages without text left out) to one LLM call of the `response` role, whose text and
-//! usage are answered in the usual shape, JSON or SSE. A failed call is a 500 `server_error`.
+//! autocompletions, each as a request whose one message is a user message that begins with
+//! `### Task:` (its prompt templates; Open WebUI drops `metadata` before it calls a connection,
+//! and adds the model's system prompt when one is set for it). A request is such a task only when
+//! - its `metadata.task` is a non-empty string (a client that passes Open WebUI's metadata on), or
+//! - its messages but `system` and `developer` ones are exactly one user message that begins with
+//!   `### Task:` after leading whitespace and does not hold `<context>` followed by `</context>`.
+//!
+//! Open WebUI's question about files, knowledge or a web search (its RAG template, put before
+//! the user's message when `RAG_SYSTEM_CONTEXT` is off) also begins with `### Task:`, but holds the
+//! retrieved sources in `<context>` … `</context>`: it runs as a turn, like a `### Task:` message
+//! with a history. Not recognised, and so run as turns (each on a conversation of its own): the
+//! tools function-calling prompt (system `Available Tools: …`, user `Query: History: …`; give the
+//! model native function calling in Open WebUI, or no tools), the emoji prompt of voice calls, and
+//! a template an admin rewrote without `### Task:`.
+//!
+//! A task runs no turn and reads or writes no thread. Its prompt alone (that user message; for
+//! `metadata.task`, the last user message) goes to one LLM call of the `response` role, which is
+//! stopped after 1,024 streamed pieces (then `finish_reason` is `length`); its text and usage are
+//! answered in the usual shape, JSON or SSE. A failed call is a 500 `server_error`.
 //!
 //! # Conversation identity
 //! Chat clients resend the whole history with every request, so the agent thread is found from
@@ -106,39 +135,43 @@
 //! 1. Header `X-OpenWebUI-Chat-Id` (Open WebUI with `ENABLE_FORWARD_USER_INFO_HEADERS`), else
 //!    header `X-Session-Id`: the first 16 hex digits of SHA-256 over
 //!    `<caller>\n<source>\n<value>\n`, source `chat-id` or `session-id`.
-//! 2. A history with an answer (an `assistant` message after the first user message): the first
-//!    16 hex digits of SHA-256 over `<caller>\nhistory\n` and four parts, each written as
-//!    `<UTF-8 byte length>:<text>\n`: the `user` field (or empty), header `X-OpenWebUI-User-Id`
-//!    (or empty), the first user message's text, and the first assistant message after it as the
-//!    client resends it (status lines included), with every thread id in it (`oai-`, 12 hex
-//!    digits, `-`, 16 hex digits) replaced by `oai-*`, its whitespace runs made single spaces,
-//!    trimmed.
-//! 3. Otherwise the request starts a new conversation: its turn runs on a fresh thread,
-//!    `oai-<owner tag>-` + 16 random hex digits. When the turn has ended, the server copies that
-//!    thread's checkpoints (and moves its pending plan) to the id rule 2 derives from the answer
-//!    it sent, deletes the fresh thread, and only then sends the end of the answer (its last
-//!    content, `finish_reason` and `[DONE]`, or the JSON answer). The client's next request
-//!    therefore finds the thread, whichever process serving a shared store answers it; an answer
-//!    that names its thread names the one it was filed under.
+//! 2. A history without an answer (no `assistant` message after the first user message) starts a
+//!    conversation: the server draws a random 64-bit nonce, and the hex digits are the first 16 of
+//!    SHA-256 over `<caller>\nnonce\n` and three parts, each written as `<UTF-8 byte
+//!    length>:<text>\n`: the `user` field (or empty), header `X-OpenWebUI-User-Id` (or empty), and
+//!    the nonce as 16 lowercase hex digits. The id is known before the turn runs, and the answer
+//!    carries the nonce as an invisible mark: U+2060 WORD JOINER, then the 64 bits, most
+//!    significant first, as U+200B (0) and U+200C (1). Clients keep it in the text they resend,
+//!    trimming keeps it (it is not whitespace), and markdown shows nothing. It comes with the
+//!    answer's first content: in a stream with status lines, at the end of the first one, before
+//!    its line break (a `>` must begin its line); otherwise first of all (a stream's first content
+//!    chunk, sent as the stream starts; a non-stream answer's first characters), followed by a
+//!    blank line when the answer begins with markdown that must begin its line (`#`, `>`, a list
+//!    item, a table, a code fence). A stream with status lines that shows none sends it with its
+//!    first content, or at its end (before an error event).
+//! 3. A history whose first answer (the first `assistant` message after the first user message)
+//!    holds a mark: the nonce it holds, as in rule 2. Every later request of the conversation thus
+//!    finds the first turn's thread, whichever process serving a shared store answers it, and so
+//!    does the history of a first answer that was stopped early (the mark came first).
+//! 4. A history whose first answer holds no mark (a client that drops invisible characters):
+//!    SHA-256 over `<caller>\nhistory\n` and four parts written as in rule 2: the `user` field,
+//!    header `X-OpenWebUI-User-Id`, the first user message's text, and the first answer as the
+//!    client resends it, without invisible characters (U+200B–U+200D, U+2060, U+FEFF), its
+//!    whitespace runs made single spaces, trimmed. This is not the first turn's thread: the
+//!    conversation's thread begins with its second turn and does not remember the first (and two
+//!    chats whose first exchanges are the same share it).
 //!
 //! `<caller>` is the hex SHA-256 of the caller's API key, or `anonymous` when the server has no
-//! keys, so two keys never share a thread; in rule 2 the `user` field and Open WebUI's user id
-//! keep one key's users apart. Two chats that both start with "hi" are two conversations. When
-//! their first answers are the same too (the derived id is taken), the later answer ends with an
-//! invisible mark (U+2060, then twenty of U+200B/U+200C holding random bits) that clients
-//! resend and trimming keeps, and is filed under the id derived with the mark. A first turn
-//! whose client went away before the end is filed under what had been sent (Open WebUI keeps a
-//! stopped answer and resends it); when that id is taken, the conversation continues on that
-//! thread. A first turn that stored nothing (a refused message, a `/help` reply) is not filed,
-//! and a history whose thread does not exist starts it.
-//!
-//! A first turn that ends in an approval prompt is filed with its pending approval, so the next
-//! request (the history with the prompt, then `yes` or `no`) answers it on the derived thread;
-//! the agent's gateway reads the last user message. The last user message is the turn's input;
-//! the earlier messages only identify the conversation (the agent keeps its own history in its
-//! checkpoints). The session's user id is the `user` field, else header `X-OpenWebUI-User-Id`,
-//! else `api`, prefixed with `<first 16 hex digits of the key's digest>:` on a server with keys;
-//! its interface is `openwebui`.
+//! keys, so two keys never share a thread; the `user` field and Open WebUI's user id keep one
+//! key's users apart. Two chats that both start with "hi" are two conversations (two nonces);
+//! regenerating or editing the first message starts a new one. A history whose thread does not
+//! exist starts it. A first turn that ends in an approval prompt leaves it pending on its thread,
+//! so the next request (the history with the prompt, then `yes` or `no`) answers it; the agent's
+//! gateway reads the last user message. The last user message is the turn's input; the earlier
+//! messages only identify the conversation (the agent keeps its own history in its checkpoints,
+//! so a later message edited in the client is not edited there). The session's user id is the
+//! `user` field, else header `X-OpenWebUI-User-Id`, else `api`, prefixed with `<first 16 hex
+//! digits of the key's digest>:` on a server with keys; its interface is `openwebui`.
 //!
 //! # Streaming
 //! Every chunk has the same `id` and `created`; the first delta is `{"role":"assistant"}`. With
@@ -146,18 +179,23 @@
 //! `> planning…` or `> step 1/2 current_weather…`, followed by a blank line before the answer,
 //! so that Open WebUI (which shows only content) shows what the agent is doing. Then come the
 //! answer tokens; a turn that streamed no tokens (an error report, an approval prompt, a reply)
-//! sends its text as one piece. A final chunk carries `finish_reason: "stop"` (every other
-//! chunk has `null`); with `stream_options.include_usage`, a chunk with `choices: []` and the
-//! turn's `usage` comes just before `data: [DONE]`. A run error after the stream began is sent
-//! as a `data: {"error": {..}}` event before `[DONE]`. A stream that has sent nothing for 15 s
-//! sends the SSE comment `: keep-alive` (clients ignore comments), so that proxies do not cut a
-//! long turn.
+//! sends its text as one piece. When the answer's stream breaks and its call is made again, what
+//! was shown stays, followed by `_(the answer was cut off)_` on a line of its own and the answer
+//! of the new call (which is not sent again at the end). A final chunk carries `finish_reason:
+//! "stop"` (every other chunk has `null`); with `stream_options.include_usage`, a chunk with
+//! `choices: []` and the turn's `usage` comes just before `data: [DONE]`. The response (and its
+//! first chunk) is held back until the turn's run starts, so that a message the gateway refuses
+//! or a thread busy in another process is answered with an HTTP error; a turn not started after
+//! 15 s gets its stream anyway, and a later failure comes as a `data: {"error": {..}}` event
+//! before `[DONE]`, as does a run error after the stream began. A stream that has written nothing
+//! for 15 s (whatever the turn did meanwhile) sends the SSE comment `: keep-alive` (clients
+//! ignore comments), so that proxies do not cut a long turn.
 //!
 //! # Cancellation
 //! On `/v1/chat/completions`, a client that disconnects (or drops a non-stream request) cancels
 //! the turn; its last checkpoint stays and the next message continues the conversation (a first
-//! turn is filed under what was sent before the client left, see Conversation identity). Native
-//! runs are cancelled only by `POST …/cancel`.
+//! answer stopped early carries its mark, see Conversation identity). Native runs are cancelled
+//! only by `POST …/cancel`.
 
 mod auth;
 mod chat;
@@ -176,6 +214,8 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use peregrine_agent::Agent;
 use peregrine_llm::Secret;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use error::ApiError;
 pub use request::{CHAT_ID_HEADER, DEFAULT_USER, INTERFACE, SESSION_ID_HEADER, USER_ID_HEADER};
@@ -241,30 +281,78 @@ impl Default for ServerOptions {
 }
 
 /// The whole HTTP surface of `agent`: the OpenAI-compatible API, the native threads/runs API
-/// and the web UI.
+/// and the web UI. Use [`Server`] to also stop running turns cleanly.
 pub fn router(agent: Arc<Agent>, options: ServerOptions) -> Router {
-    let ServerOptions { model_id, api_keys, max_body_bytes, status_lines, redact, agent_data_dir } = options;
-    let state = chat::ServerState {
-        agent,
-        model_id,
-        keys: auth::ApiKeys::new(&api_keys),
-        max_body_bytes,
-        status_lines,
-        started_unix: chrono::Utc::now().timestamp(),
-        busy: Mutex::new(HashSet::new()),
-        redact,
-        agent_data_dir,
-        runs: runs::RunRegistry::default(),
-    };
-    Router::new()
-        .route("/v1/models", get(chat::models))
-        .route("/v1/models/{model}", get(chat::model))
-        .route("/v1/chat/completions", post(chat::chat_completions))
-        .merge(native::routes())
-        .merge(ui::routes())
-        .fallback(chat::unknown_route)
-        .method_not_allowed_fallback(chat::method_not_allowed)
-        // The handlers read bodies themselves, with their own limit and a JSON 413.
-        .layer(DefaultBodyLimit::disable())
-        .with_state(Arc::new(state))
+    Server::new(agent, options).router()
+}
+
+/// A served agent: its routes, and the turns they run.
+#[derive(Clone)]
+pub struct Server {
+    state: Arc<chat::ServerState>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").field("model_id", &self.state.model_id).field("running", &self.state.tasks.len()).finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// Serves `agent` with `options`.
+    pub fn new(agent: Arc<Agent>, options: ServerOptions) -> Self {
+        let ServerOptions { model_id, api_keys, max_body_bytes, status_lines, redact, agent_data_dir } = options;
+        let stopping = CancellationToken::new();
+        let state = chat::ServerState {
+            agent,
+            model_id,
+            keys: auth::ApiKeys::new(&api_keys),
+            max_body_bytes,
+            status_lines,
+            started_unix: chrono::Utc::now().timestamp(),
+            busy: Mutex::new(HashSet::new()),
+            runs: runs::RunRegistry::new(Arc::clone(&redact), stopping.clone()),
+            redact,
+            agent_data_dir,
+            tasks: TaskTracker::new(),
+            stopping,
+        };
+        Self { state: Arc::new(state) }
+    }
+
+    /// The routes.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/v1/models", get(chat::models))
+            .route("/v1/models/{model}", get(chat::model))
+            .route("/v1/chat/completions", post(chat::chat_completions))
+            .merge(native::routes())
+            .merge(ui::routes())
+            .fallback(chat::unknown_route)
+            .method_not_allowed_fallback(chat::method_not_allowed)
+            // The handlers read bodies themselves, with their own limit and a JSON 413.
+            .layer(DefaultBodyLimit::disable())
+            .with_state(Arc::clone(&self.state))
+    }
+
+    /// How many turns (chat completions and runs) are running now.
+    pub fn running(&self) -> usize {
+        self.state.tasks.len()
+    }
+
+    /// Stops the turns: no new ones start; the running ones get up to `grace` to end, then
+    /// the rest are cancelled (each keeps its last checkpoint and can be continued; its
+    /// followers get its `end` event). Returns how many were cancelled.
+    pub async fn shut_down(&self, grace: std::time::Duration) -> usize {
+        self.state.tasks.close();
+        if tokio::time::timeout(grace, self.state.tasks.wait()).await.is_ok() {
+            return 0;
+        }
+        let cut_off = self.state.tasks.len();
+        tracing::warn!(turns = cut_off, "cancelling the turns still running");
+        self.state.stopping.cancel();
+        // A cancelled turn ends at its next await point; do not hang on one that does not.
+        let _ = tokio::time::timeout(grace, self.state.tasks.wait()).await;
+        cut_off
+    }
 }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -25,14 +25,16 @@ use peregrine_agent::{AgentError, ERROR, Session, TurnOptions, TurnResult};
 use peregrine_core::state::{AgentState, AgentStateUpdate, Role};
 use peregrine_graph::{CheckpointError, CheckpointSource, ListQuery, PendingInterrupt, RunError, StateSnapshot};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::auth::Caller;
 use crate::chat::{BusyThread, ServerState, Shared};
 use crate::error::{ApiError, json_response};
 use crate::request::DEFAULT_USER;
-use crate::runs::{LoggedEvent, Run, RunKind, interrupt_json};
+use crate::runs::{LoggedEvent, Run, RunKind, interrupt_json, redact_value, strip_server_paths};
 
 /// The interface name runs of this API give their session.
 pub(crate) const API_INTERFACE: &str = "api";
@@ -69,8 +71,9 @@ fn respond(result: Result<Response, ApiError>) -> Response {
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-fn ok_json(status: StatusCode, body: &Value) -> Result<Response, ApiError> {
-    Ok(json_response(status, body))
+/// A JSON answer with the configuration's secrets removed (thread contents may quote errors).
+fn ok_json(state: &ServerState, status: StatusCode, body: &Value) -> Result<Response, ApiError> {
+    Ok(json_response(status, &redact_value(&state.redact, body)))
 }
 
 /// `GET /info` (no key needed): what the web UI shows before it has a key.
@@ -104,12 +107,7 @@ async fn snapshot_of(state: &ServerState, thread_id: &str) -> Result<StateSnapsh
 }
 
 async fn read_json<T: serde::de::DeserializeOwned>(state: &ServerState, headers: &HeaderMap, body: Body) -> Result<Option<T>, ApiError> {
-    let limit = state.max_body_bytes;
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|value| value.to_str().ok()).and_then(|value| value.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(ApiError::body_too_large(limit));
-    }
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| ApiError::body_too_large(limit))?;
+    let bytes = crate::chat::read_body(headers, body, state.max_body_bytes).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
@@ -123,11 +121,32 @@ async fn read_json<T: serde::de::DeserializeOwned>(state: &ServerState, headers:
     serde_json::from_value(value).map(Some).map_err(unusable)
 }
 
-/// The query string, or a JSON 400 that says what is wrong with it.
-fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    query
-        .map(|Query(value)| value)
-        .map_err(|rejection| ApiError::invalid_request(format!("The query string cannot be used: {}", rejection.body_text())))
+/// A path parameter; a URL that cannot be decoded is a JSON 400.
+struct ApiPath<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(Self(value)),
+            Err(rejection) => Err(ApiError::invalid_request(format!("The URL cannot be used: {}", rejection.body_text()))),
+        }
+    }
+}
+
+/// The query string; one that cannot be read is a JSON 400.
+struct ApiQuery<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(value)) => Ok(Self(value)),
+            Err(rejection) => Err(ApiError::invalid_request(format!("The query string cannot be used: {}", rejection.body_text()))),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -152,10 +171,13 @@ async fn thread_status(state: &ServerState, snapshot: &StateSnapshot<AgentState>
     }
     let mid_run = snapshot.next.is_some() && snapshot.meta.source != CheckpointSource::Update && !snapshot.state.messages.is_empty();
     if mid_run {
-        // Running in another process, or cut off: only the lock tells which.
-        if let Some(store) = state.agent.graph().checkpointer()
-            && let Err(CheckpointError::ThreadBusy { .. }) = store.lock_thread_boxed(thread_id).await
-        {
+        // Running in another process, or cut off: only the lock tells which. The probe takes
+        // nothing; when it cannot answer, the thread is not offered for continuing.
+        let held = match state.agent.graph().checkpointer() {
+            Some(store) => store.is_thread_locked_boxed(thread_id).await,
+            None => Ok(false),
+        };
+        if !matches!(held, Ok(false)) {
             return busy;
         }
         return ThreadStatus { status: "error", resumable: true };
@@ -247,7 +269,7 @@ async fn create_thread_inner(state: &ServerState, headers: &HeaderMap, body: Bod
         Err(error) => return Err(store_error(state, &error)),
     };
     tracing::info!(thread = %thread_id, "thread created");
-    ok_json(StatusCode::CREATED, &thread_json(state, &snapshot).await)
+    ok_json(state, StatusCode::CREATED, &thread_json(state, &snapshot).await)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -267,8 +289,8 @@ impl Page {
 }
 
 /// `GET /threads`.
-async fn list_threads(State(state): Shared, headers: HeaderMap, page: Result<Query<Page>, QueryRejection>) -> Response {
-    respond(async { list_threads_inner(&state, &headers, &query(page)?).await }.await)
+async fn list_threads(State(state): Shared, headers: HeaderMap, ApiQuery(page): ApiQuery<Page>) -> Response {
+    respond(list_threads_inner(&state, &headers, &page).await)
 }
 
 async fn list_threads_inner(state: &ServerState, headers: &HeaderMap, page: &Page) -> Result<Response, ApiError> {
@@ -284,23 +306,23 @@ async fn list_threads_inner(state: &ServerState, headers: &HeaderMap, page: &Pag
             listed.push(thread_json(state, &snapshot).await);
         }
     }
-    ok_json(StatusCode::OK, &Value::Array(listed))
+    ok_json(state, StatusCode::OK, &Value::Array(listed))
 }
 
 /// `GET /threads/{thread_id}`.
-async fn get_thread(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>) -> Response {
+async fn get_thread(State(state): Shared, headers: HeaderMap, ApiPath(thread_id): ApiPath<String>) -> Response {
     respond(
         async {
             caller_of(&state, &headers, &thread_id)?;
             let snapshot = snapshot_of(&state, &thread_id).await?;
-            ok_json(StatusCode::OK, &thread_json(&state, &snapshot).await)
+            ok_json(&state, StatusCode::OK, &thread_json(&state, &snapshot).await)
         }
         .await,
     )
 }
 
 /// `DELETE /threads/{thread_id}`: refused while a run holds it (here or in another process).
-async fn delete_thread(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>) -> Response {
+async fn delete_thread(State(state): Shared, headers: HeaderMap, ApiPath(thread_id): ApiPath<String>) -> Response {
     respond(delete_thread_inner(&state, &headers, &thread_id).await)
 }
 
@@ -329,7 +351,7 @@ async fn delete_thread_inner(state: &Arc<ServerState>, headers: &HeaderMap, thre
 }
 
 /// `GET /threads/{thread_id}/state`.
-async fn thread_state(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>) -> Response {
+async fn thread_state(State(state): Shared, headers: HeaderMap, ApiPath(thread_id): ApiPath<String>) -> Response {
     respond(
         async {
             caller_of(&state, &headers, &thread_id)?;
@@ -351,8 +373,7 @@ async fn thread_state(State(state): Shared, headers: HeaderMap, Path(thread_id):
                 json!({"steps": plan.steps, "current_step": agent_state.planning.current_step_index, "results": results})
             });
             let values = serde_json::to_value(&**agent_state).unwrap_or(Value::Null);
-            ok_json(
-                StatusCode::OK,
+            ok_json(&state, StatusCode::OK,
                 &json!({
                     "thread_id": thread_id,
                     "status": status.status,
@@ -374,19 +395,20 @@ async fn thread_state(State(state): Shared, headers: HeaderMap, Path(thread_id):
 async fn thread_history(
     State(state): Shared,
     headers: HeaderMap,
-    Path(thread_id): Path<String>,
-    page: Result<Query<Page>, QueryRejection>,
+    ApiPath(thread_id): ApiPath<String>,
+    ApiQuery(page): ApiQuery<Page>,
 ) -> Response {
     respond(
         async {
             caller_of(&state, &headers, &thread_id)?;
-            let page = query(page)?;
             let query = ListQuery { before: page.before, limit: Some(page.limit()) };
             let history = state.agent.graph().history(&thread_id, query).await.map_err(|error| store_error(&state, &error))?;
             if history.is_empty() && page.before.is_none() {
                 return Err(ApiError::thread_not_found(&thread_id));
             }
-            ok_json(StatusCode::OK, &serde_json::to_value(&history).unwrap_or(Value::Null))
+            let mut history = serde_json::to_value(&history).unwrap_or(Value::Null);
+            strip_server_paths(&mut history);
+            ok_json(&state, StatusCode::OK, &history)
         }
         .await,
     )
@@ -542,7 +564,7 @@ async fn launch(state: &Arc<ServerState>, headers: &HeaderMap, thread_id: &str, 
     let busy = BusyThread::claim(state, thread_id)?;
     let run = state.runs.start(thread_id, operation.kind());
     tracing::info!(thread = %thread_id, run = %run.id, kind = ?operation.kind(), "run starts");
-    tokio::spawn(drive(Arc::clone(state), Arc::clone(&run), operation, session, busy));
+    state.tasks.spawn(drive(Arc::clone(state), Arc::clone(&run), operation, session, busy));
     run.wait_until(Run::started_or_finished).await;
     if let Some(error) = run.error().filter(|_| !run.has_started()) {
         // Refused before it held the thread: nothing ran, so there is no run to keep.
@@ -552,69 +574,96 @@ async fn launch(state: &Arc<ServerState>, headers: &HeaderMap, thread_id: &str, 
     Ok(run)
 }
 
-/// Executes a run to its end, logging every event. A thread another process still holds is
-/// tried again for a moment (a PostgreSQL lock is released just after its run ended).
-async fn drive(state: Arc<ServerState>, run: Arc<Run>, operation: Operation, session: Session, busy: BusyThread) {
-    let retry_until = Instant::now() + BUSY_RETRY_FOR;
+/// Runs `attempt` again for a moment while another process still holds the thread (a
+/// PostgreSQL lock is released just after its run ended); a thread held longer is refused as
+/// busy. Only the engine's lock fails with
+/// `ThreadBusy`, and it is taken before anything is written, so an attempt is safe to repeat.
+pub(crate) async fn retry_while_held<F, Fut>(cancel: &CancellationToken, mut attempt: F) -> Result<TurnResult, AgentError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<TurnResult, AgentError>>,
+{
+    let until = Instant::now() + BUSY_RETRY_FOR;
     let mut delay = Duration::from_millis(10);
     loop {
-        let (sender, mut events) = tokio::sync::mpsc::unbounded_channel();
-        let options = TurnOptions { events: Some(sender), cancel: run.cancel.clone() };
-        let agent = &state.agent;
-        let thread_id = run.thread_id.as_str();
-        let turn = async {
-            match &operation {
-                Operation::Message(text) => agent.send(thread_id, text, &session, options).await,
+        let outcome = attempt().await;
+        let held = matches!(&outcome, Err(AgentError::Run(RunError::Checkpoint(CheckpointError::ThreadBusy { .. }))));
+        if !held || cancel.is_cancelled() || Instant::now() + delay >= until {
+            return outcome;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = cancel.cancelled() => return outcome,
+        }
+        delay = (delay * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Ends a run whose task stopped without ending it (a panic): its followers and waiters get
+/// `end` instead of hanging, and the thread stops counting as busy.
+struct FinishOnDrop(Arc<Run>);
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        if !self.0.is_finished() {
+            self.0.finish(Err(ApiError::server_error(
+                "The run stopped unexpectedly (a defect of the server; please report it). The thread keeps its last checkpoint: continue it with {\"continue\": true}.",
+            )));
+        }
+    }
+}
+
+/// Executes a run to its end, logging every event.
+async fn drive(state: Arc<ServerState>, run: Arc<Run>, operation: Operation, session: Session, busy: BusyThread) {
+    let _finish = FinishOnDrop(Arc::clone(&run));
+    let (sender, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let options = TurnOptions { events: Some(sender), cancel: run.cancel.clone() };
+    let (agent, thread_id, operation, session) = (&state.agent, run.thread_id.as_str(), &operation, &session);
+    let turn = retry_while_held(&run.cancel, || {
+        let options = options.clone();
+        async move {
+            match operation {
+                Operation::Message(text) => agent.send(thread_id, text, session, options).await,
                 Operation::Resume { interrupt, approved, edit } => {
                     agent.answer_approval(thread_id, interrupt, *approved, edit.clone(), options).await
                 }
                 Operation::Continue => agent.continue_turn(thread_id, options).await,
             }
-        };
-        tokio::pin!(turn);
-        let outcome: Result<TurnResult, AgentError> = loop {
-            tokio::select! {
-                biased;
-                Some(event) = events.recv() => run.record(&event),
-                outcome = &mut turn => break outcome,
-            }
-        };
-        while let Ok(event) = events.try_recv() {
-            run.record(&event);
         }
-        let held_elsewhere = matches!(&outcome, Err(AgentError::Run(RunError::Checkpoint(CheckpointError::ThreadBusy { .. }))));
-        if held_elsewhere && !run.has_started() && !run.cancel.is_cancelled() && Instant::now() + delay < retry_until {
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                () = run.cancel.cancelled() => {}
-            }
-            delay = (delay * 2).min(Duration::from_millis(200));
-            continue;
+    });
+    tokio::pin!(turn);
+    let outcome: Result<TurnResult, AgentError> = loop {
+        tokio::select! {
+            biased;
+            Some(event) = events.recv() => run.record(&event),
+            outcome = &mut turn => break outcome,
         }
-        match &outcome {
-            Ok(result) => tracing::info!(thread = %thread_id, run = %run.id, status = ?result.status, "run ended"),
-            Err(error) => tracing::warn!(thread = %thread_id, run = %run.id, error = %(state.redact)(&error.to_string()), "run failed"),
-        }
-        let outcome = outcome.map_err(|error| run_error(&state, thread_id, error));
-        // The thread is free before anyone waiting for the run hears that it ended.
-        drop(busy);
-        run.finish(outcome);
-        return;
+    };
+    while let Ok(event) = events.try_recv() {
+        run.record(&event);
     }
+    match &outcome {
+        Ok(result) => tracing::info!(thread = %thread_id, run = %run.id, status = ?result.status, "run ended"),
+        Err(error) => tracing::warn!(thread = %thread_id, run = %run.id, error = %(state.redact)(&error.to_string()), "run failed"),
+    }
+    let outcome = outcome.map_err(|error| run_error(&state, thread_id, error));
+    // The thread is free before anyone waiting for the run hears that it ended.
+    drop(busy);
+    run.finish(outcome);
 }
 
 /// `POST /threads/{thread_id}/runs`: 201 with the run once it holds the thread.
-async fn create_run(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>, body: Body) -> Response {
-    respond(launch(&state, &headers, &thread_id, body).await.and_then(|run| ok_json(StatusCode::CREATED, &run.json())))
+async fn create_run(State(state): Shared, headers: HeaderMap, ApiPath(thread_id): ApiPath<String>, body: Body) -> Response {
+    respond(launch(&state, &headers, &thread_id, body).await.and_then(|run| ok_json(&state, StatusCode::CREATED, &run.json())))
 }
 
 /// `POST /threads/{thread_id}/runs/stream`: the new run's events.
-async fn create_run_stream(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>, body: Body) -> Response {
+async fn create_run_stream(State(state): Shared, headers: HeaderMap, ApiPath(thread_id): ApiPath<String>, body: Body) -> Response {
     respond(launch(&state, &headers, &thread_id, body).await.map(|run| sse(run, 0)))
 }
 
 /// `POST /threads/{thread_id}/runs/wait`: the run once it ended.
-async fn create_run_wait(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>, body: Body) -> Response {
+async fn create_run_wait(State(state): Shared, headers: HeaderMap, ApiPath(thread_id): ApiPath<String>, body: Body) -> Response {
     match launch(&state, &headers, &thread_id, body).await {
         Ok(run) => {
             run.wait_until(Run::is_finished).await;
@@ -625,21 +674,31 @@ async fn create_run_wait(State(state): Shared, headers: HeaderMap, Path(thread_i
 }
 
 /// `GET /threads/{thread_id}/runs`: the runs of this process, newest first.
-async fn list_runs(State(state): Shared, headers: HeaderMap, Path(thread_id): Path<String>) -> Response {
-    respond(caller_of(&state, &headers, &thread_id).and_then(|_| {
-        let runs: Vec<Value> = state.runs.of_thread(&thread_id).iter().map(|run| run.json()).collect();
-        ok_json(StatusCode::OK, &Value::Array(runs))
-    }))
+async fn list_runs(State(state): Shared, headers: HeaderMap, ApiPath(thread_id): ApiPath<String>) -> Response {
+    respond(
+        async {
+            caller_of(&state, &headers, &thread_id)?;
+            snapshot_of(&state, &thread_id).await?;
+            let runs: Vec<Value> = state.runs.of_thread(&thread_id).iter().map(|run| run.json()).collect();
+            ok_json(&state, StatusCode::OK, &Value::Array(runs))
+        }
+        .await,
+    )
 }
 
-fn find_run(state: &ServerState, headers: &HeaderMap, thread_id: &str, run_id: &str) -> Result<Arc<Run>, ApiError> {
+/// The run, or 404 naming what is missing (the thread, or the run of an existing thread).
+async fn find_run(state: &ServerState, headers: &HeaderMap, thread_id: &str, run_id: &str) -> Result<Arc<Run>, ApiError> {
     caller_of(state, headers, thread_id)?;
-    state.runs.get(thread_id, run_id).ok_or_else(|| ApiError::run_not_found(thread_id, run_id))
+    if let Some(run) = state.runs.get(thread_id, run_id) {
+        return Ok(run);
+    }
+    snapshot_of(state, thread_id).await?;
+    Err(ApiError::run_not_found(thread_id, run_id))
 }
 
 /// `GET /threads/{thread_id}/runs/{run_id}`.
-async fn get_run(State(state): Shared, headers: HeaderMap, Path((thread_id, run_id)): Path<(String, String)>) -> Response {
-    respond(find_run(&state, &headers, &thread_id, &run_id).and_then(|run| ok_json(StatusCode::OK, &run.json())))
+async fn get_run(State(state): Shared, headers: HeaderMap, ApiPath((thread_id, run_id)): ApiPath<(String, String)>) -> Response {
+    respond(find_run(&state, &headers, &thread_id, &run_id).await.and_then(|run| ok_json(&state, StatusCode::OK, &run.json())))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -653,24 +712,27 @@ struct StreamQuery {
 async fn stream_run(
     State(state): Shared,
     headers: HeaderMap,
-    Path((thread_id, run_id)): Path<(String, String)>,
-    stream_query: Result<Query<StreamQuery>, QueryRejection>,
+    ApiPath((thread_id, run_id)): ApiPath<(String, String)>,
+    ApiQuery(stream_query): ApiQuery<StreamQuery>,
 ) -> Response {
-    respond(find_run(&state, &headers, &thread_id, &run_id).and_then(|run| {
-        let stream_query = query(stream_query)?;
+    respond(find_run(&state, &headers, &thread_id, &run_id).await.and_then(|run| {
         let header = headers.get("last-event-id").map(|value| value.to_str().ok().and_then(|text| text.trim().parse::<u64>().ok()));
         let after = match (header, stream_query.last_event_id) {
             (Some(Some(seq)), _) => seq,
             (Some(None), _) => return Err(ApiError::invalid_request("'Last-Event-ID' must be the number of an event of this run.")),
             (None, seq) => seq.unwrap_or(0),
         };
+        let last = run.last_seq();
+        if run.is_finished() && after > last {
+            return Err(ApiError::invalid_request(format!("Last-Event-ID {after} is past the last event of this run ({last}).")));
+        }
         Ok(sse(run, after))
     }))
 }
 
 /// `GET /threads/{thread_id}/runs/{run_id}/wait`.
-async fn wait_run(State(state): Shared, headers: HeaderMap, Path((thread_id, run_id)): Path<(String, String)>) -> Response {
-    match find_run(&state, &headers, &thread_id, &run_id) {
+async fn wait_run(State(state): Shared, headers: HeaderMap, ApiPath((thread_id, run_id)): ApiPath<(String, String)>) -> Response {
+    match find_run(&state, &headers, &thread_id, &run_id).await {
         Ok(run) => {
             run.wait_until(Run::is_finished).await;
             json_response(StatusCode::OK, &run.json())
@@ -681,14 +743,14 @@ async fn wait_run(State(state): Shared, headers: HeaderMap, Path((thread_id, run
 
 /// `POST /threads/{thread_id}/runs/{run_id}/cancel`: 202; the run ends `cancelled` and its
 /// thread keeps its last checkpoint.
-async fn cancel_run(State(state): Shared, headers: HeaderMap, Path((thread_id, run_id)): Path<(String, String)>) -> Response {
-    respond(find_run(&state, &headers, &thread_id, &run_id).and_then(|run| {
+async fn cancel_run(State(state): Shared, headers: HeaderMap, ApiPath((thread_id, run_id)): ApiPath<(String, String)>) -> Response {
+    respond(find_run(&state, &headers, &thread_id, &run_id).await.and_then(|run| {
         if run.is_finished() {
             return Err(ApiError::conflict("run_finished", format!("Run '{run_id}' has already ended; there is nothing to cancel.")));
         }
         tracing::info!(thread = %thread_id, run = %run_id, "run cancelled by request");
         run.cancel.cancel();
-        ok_json(StatusCode::ACCEPTED, &run.json())
+        ok_json(&state, StatusCode::ACCEPTED, &run.json())
     }))
 }
 

@@ -1,10 +1,17 @@
 //! What a turn's events become in an answer: status lines while the agent works (`> planning…`),
-//! the streamed answer tokens, and the token usage of the turn's LLM calls.
+//! the streamed answer tokens (a stream cut and retried is noted, not repeated), the invisible
+//! mark of a new conversation, and the token usage of the turn's LLM calls.
 
 use peregrine_agent::{CLASSIFIER, ERROR, ORCHESTRATOR, TASK_EXTRACTION};
 use peregrine_core::AgentEvent;
 use peregrine_core::events::EventKind;
 use peregrine_graph::RunEvent;
+
+/// Sent when a streamed answer broke after some text: that text stays on screen, the answer
+/// that follows replaces it.
+pub(crate) const CUT_NOTE: &str = "\n\n_(the answer was cut off)_\n\n";
+/// Sent when the answer's caller asks again after some text without reporting a failure first.
+pub(crate) const RETRY_NOTE: &str = "\n\n_(the answer was cut off; trying again)_\n\n";
 
 /// Token counts of a turn, summed over its LLM calls.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -26,26 +33,68 @@ impl Usage {
     }
 }
 
+/// Where a new conversation's mark is.
+#[derive(Debug, Default)]
+enum Mark {
+    /// No mark (the conversation is not new), or it was placed.
+    #[default]
+    Done,
+    /// Not sent yet.
+    Pending(String),
+    /// Sent alone at the start; the first content after it is not placed yet.
+    Opened,
+}
+
 /// Follows one turn's events.
 #[derive(Debug, Default)]
 pub(crate) struct TurnTrace {
     status_lines: bool,
     last_status: Option<String>,
-    status_shown: bool,
-    /// The answer tokens streamed so far.
+    /// The last content sent was a status line: an answer starts after a blank line.
+    after_status: bool,
+    /// Whether any content was sent (the mark alone does not count).
+    sent_any: bool,
+    /// How many line breaks the content sent so far ends with (at most 2).
+    trailing_newlines: usize,
+    mark: Mark,
+    /// The component and role whose tokens are the answer.
+    source: Option<(String, String)>,
+    /// The answer's stream broke after some text, and its caller has not asked again yet.
+    cut: bool,
+    /// The answer tokens of the current attempt.
     pub answer: String,
     /// The usage so far.
     pub usage: Usage,
 }
 
 impl TurnTrace {
-    /// A trace that writes status lines when `status_lines`.
-    pub(crate) fn new(status_lines: bool) -> Self {
-        Self { status_lines, ..Self::default() }
+    /// A trace that writes status lines when `status_lines`, and places `mark` (see
+    /// [`TurnTrace::opening`]).
+    pub(crate) fn new(status_lines: bool, mark: Option<String>) -> Self {
+        Self { status_lines, mark: mark.map_or(Mark::Done, Mark::Pending), ..Self::default() }
+    }
+
+    /// The content that opens the answer before any event: the mark alone when there are no
+    /// status lines (so that an answer stopped at any moment has it). With status lines, the
+    /// mark goes into the first one, just before its line break (a `>` must begin its line).
+    pub(crate) fn opening(&mut self) -> Vec<String> {
+        if self.status_lines {
+            return Vec::new();
+        }
+        match std::mem::take(&mut self.mark) {
+            Mark::Pending(mark) => {
+                self.mark = Mark::Opened;
+                vec![mark]
+            }
+            other => {
+                self.mark = other;
+                Vec::new()
+            }
+        }
     }
 
     /// The content pieces `event` adds to the answer (status lines, the blank line that ends
-    /// them, answer tokens); also counts usage.
+    /// them, answer tokens, a note when the answer's stream broke); also counts usage.
     pub(crate) fn observe(&mut self, event: &RunEvent<AgentEvent>) -> Vec<String> {
         match event {
             RunEvent::NodeStarted { node, .. } => self.status(node_status(node)),
@@ -53,18 +102,34 @@ impl TurnTrace {
                 EventKind::CapabilityStart { capability_name, step_number, total_steps, .. } => {
                     self.status(Some(format!("step {step_number}/{total_steps} {capability_name}")))
                 }
-                EventKind::LlmResponse { input_tokens, output_tokens, .. } => {
+                EventKind::LlmResponse { role, success, input_tokens, output_tokens, .. } => {
                     self.usage.prompt_tokens += input_tokens.unwrap_or(0);
                     self.usage.completion_tokens += output_tokens.unwrap_or(0);
+                    if !success && self.is_source(&event.component, role) && !self.answer.is_empty() {
+                        self.answer.clear();
+                        self.cut = true;
+                        return self.deliver(CUT_NOTE.to_owned());
+                    }
                     Vec::new()
                 }
-                EventKind::LlmToken { content, .. } if !content.is_empty() => {
+                EventKind::LlmRequest { role, .. } if self.is_source(&event.component, role) && (self.cut || !self.answer.is_empty()) => {
+                    let noted = std::mem::take(&mut self.cut);
+                    if noted {
+                        return Vec::new();
+                    }
+                    self.answer.clear();
+                    self.deliver(RETRY_NOTE.to_owned())
+                }
+                EventKind::LlmToken { role, content } if !content.is_empty() => {
+                    if self.source.is_none() {
+                        self.source = Some((event.component.clone(), role.clone()));
+                    }
                     let mut pieces = Vec::new();
-                    if self.answer.is_empty() && self.status_shown {
-                        pieces.push("\n".to_owned());
+                    if self.after_status {
+                        pieces.extend(self.deliver("\n".to_owned()));
                     }
                     self.answer.push_str(content);
-                    pieces.push(content.clone());
+                    pieces.extend(self.deliver(content.clone()));
                     pieces
                 }
                 _ => Vec::new(),
@@ -73,35 +138,79 @@ impl TurnTrace {
         }
     }
 
-    /// A status line when it differs from the last one and no answer has started.
+    fn is_source(&self, component: &str, role: &str) -> bool {
+        self.source.as_ref().is_some_and(|(streaming, streaming_role)| streaming == component && streaming_role == role)
+    }
+
+    /// A status line when it differs from the last one and no answer is under way.
     fn status(&mut self, status: Option<String>) -> Vec<String> {
         let Some(status) = status else { return Vec::new() };
         if !self.status_lines || !self.answer.is_empty() || self.last_status.as_deref() == Some(status.as_str()) {
             return Vec::new();
         }
-        let line = format!("> {status}…\n");
+        let line = match std::mem::take(&mut self.mark) {
+            Mark::Pending(mark) => format!("> {status}…{mark}\n"),
+            other => {
+                self.mark = other;
+                format!("> {status}…\n")
+            }
+        };
         self.last_status = Some(status);
-        self.status_shown = true;
-        vec![line]
+        let pieces = self.deliver(line);
+        self.after_status = true;
+        pieces
+    }
+
+    /// `piece` as it is sent: after the mark when the mark is still to come (and after a
+    /// blank line when the piece begins with markdown that must begin its line); notes how
+    /// the content now ends.
+    fn deliver(&mut self, piece: String) -> Vec<String> {
+        let piece = match std::mem::take(&mut self.mark) {
+            Mark::Pending(mark) => marked(&mark, &piece),
+            Mark::Opened => marked("", &piece),
+            Mark::Done => piece,
+        };
+        self.after_status = false;
+        self.sent_any = true;
+        let newlines = piece.chars().rev().take_while(|c| *c == '\n').count();
+        self.trailing_newlines =
+            if newlines == piece.chars().count() { (self.trailing_newlines + newlines).min(2) } else { newlines.min(2) };
+        vec![piece]
     }
 
     /// The content that ends the answer: the turn's response text when it was not streamed
-    /// (error reports, approval prompts, replies) or differs from what was (always for a failed turn).
-    pub(crate) fn closing_text(&self, response: Option<&str>, failed: bool) -> Option<String> {
-        let response = response.filter(|text| !text.trim().is_empty())?;
-        let already_shown = !self.answer.trim().is_empty() && self.answer.trim() == response.trim();
-        if already_shown && !failed {
-            return None;
-        }
-        let separator = if !self.answer.is_empty() {
-            "\n\n"
-        } else if self.status_shown {
-            "\n"
-        } else {
-            ""
+    /// (error reports, approval prompts, replies) or differs from what was (always for a failed
+    /// turn), after a blank line; and the mark if it was not sent yet.
+    pub(crate) fn closing_text(&mut self, response: Option<&str>, failed: bool) -> Option<String> {
+        let response = response.filter(|text| !text.trim().is_empty());
+        let already_shown = response.is_some_and(|text| !self.answer.trim().is_empty() && self.answer.trim() == text.trim());
+        let Some(response) = response.filter(|_| failed || !already_shown) else { return self.unsent_mark() };
+        let separator = match (self.sent_any, self.trailing_newlines) {
+            (false, _) | (true, 2..) => "",
+            (true, 1) => "\n",
+            (true, _) => "\n\n",
         };
-        Some(format!("{separator}{response}"))
+        self.deliver(format!("{separator}{response}")).pop()
     }
+
+    /// The mark, when no content has carried it yet (a stream that ends with an error).
+    pub(crate) fn unsent_mark(&mut self) -> Option<String> {
+        match std::mem::take(&mut self.mark) {
+            Mark::Pending(mark) => Some(mark),
+            _ => None,
+        }
+    }
+}
+
+/// `mark`, then `text`: with a blank line between when `text` begins with markdown that only
+/// counts at the start of a line (a heading, a quote, a list item, a table, a code fence), so
+/// that the mark does not break it.
+pub(crate) fn marked(mark: &str, text: &str) -> String {
+    let spaced = text.trim_start_matches(' ');
+    let digits = spaced.trim_start_matches(|c: char| c.is_ascii_digit());
+    let block = spaced.starts_with(['#', '>', '-', '*', '+', '|', '`', '~', '<', '='])
+        || (digits.len() < spaced.len() && digits.starts_with(['.', ')']));
+    if block { format!("{mark}\n\n{text}") } else { format!("{mark}{text}") }
 }
 
 /// The status of a framework node starting (capability steps have their own event).
@@ -121,7 +230,7 @@ mod tests {
     use super::*;
 
     fn custom(kind: EventKind) -> RunEvent<AgentEvent> {
-        RunEvent::Custom(AgentEvent::new("test", kind))
+        RunEvent::Custom(AgentEvent::new("respond", kind))
     }
 
     fn node(name: &str) -> RunEvent<AgentEvent> {
@@ -130,6 +239,35 @@ mod tests {
 
     fn token(text: &str) -> RunEvent<AgentEvent> {
         custom(EventKind::LlmToken { role: "response".into(), content: text.into() })
+    }
+
+    fn request(component: &str) -> RunEvent<AgentEvent> {
+        RunEvent::Custom(AgentEvent::new(
+            component,
+            EventKind::LlmRequest {
+                role: "response".into(),
+                schema: None,
+                prompt_preview: String::new(),
+                prompt_length: 0,
+                model: "m".into(),
+                provider: "p".into(),
+            },
+        ))
+    }
+
+    fn response(component: &str, success: bool, tokens: Option<u64>) -> RunEvent<AgentEvent> {
+        RunEvent::Custom(AgentEvent::new(
+            component,
+            EventKind::LlmResponse {
+                role: "response".into(),
+                success,
+                response_preview: String::new(),
+                response_length: 0,
+                input_tokens: tokens,
+                output_tokens: tokens.map(|tokens| tokens / 5),
+                duration_ms: 0,
+            },
+        ))
     }
 
     fn step(number: usize) -> RunEvent<AgentEvent> {
@@ -141,40 +279,114 @@ mod tests {
         })
     }
 
+    fn content(trace: &mut TurnTrace, events: &[RunEvent<AgentEvent>]) -> Vec<String> {
+        events.iter().flat_map(|event| trace.observe(event)).collect()
+    }
+
     #[test]
     fn status_lines_then_a_blank_line_then_the_answer() {
-        let mut trace = TurnTrace::new(true);
+        let mut trace = TurnTrace::new(true, None);
+        assert!(trace.opening().is_empty());
         let events =
             [node(TASK_EXTRACTION), node(ORCHESTRATOR), node(ORCHESTRATOR), node("current_weather"), step(1), token("Hi"), token(" there")];
-        let pieces: Vec<String> = events.iter().flat_map(|event| trace.observe(event)).collect();
+        let pieces = content(&mut trace, &events);
         assert_eq!(pieces, ["> understanding the request…\n", "> planning…\n", "> step 1/2 current_weather…\n", "\n", "Hi", " there"]);
         assert_eq!(trace.answer, "Hi there");
         assert_eq!(trace.observe(&node(ERROR)), Vec::<String>::new(), "no status inside the answer");
         assert_eq!(trace.closing_text(Some("Hi there"), false), None);
         assert_eq!(trace.closing_text(Some("Report"), true).as_deref(), Some("\n\nReport"));
+        let mut prompt = TurnTrace::new(true, None);
+        content(&mut prompt, &[node(ORCHESTRATOR)]);
+        assert_eq!(prompt.closing_text(Some("Approve?"), false).as_deref(), Some("\nApprove?"), "a blank line after the status lines");
     }
 
     #[test]
     fn without_status_lines_only_tokens_and_usage() {
-        let mut trace = TurnTrace::new(false);
-        let response = |input, output| {
-            custom(EventKind::LlmResponse {
-                role: "x".into(),
-                success: true,
-                response_preview: String::new(),
-                response_length: 0,
-                input_tokens: input,
-                output_tokens: output,
-                duration_ms: 0,
-            })
-        };
-        let events = [node(ORCHESTRATOR), step(1), response(Some(10), Some(2)), response(Some(5), None), token("A")];
-        let pieces: Vec<String> = events.iter().flat_map(|event| trace.observe(event)).collect();
-        assert_eq!(pieces, ["A"]);
-        assert_eq!(trace.usage, Usage { prompt_tokens: 15, completion_tokens: 2 });
-        assert_eq!(trace.usage.json()["total_tokens"], 17);
-        let quiet = TurnTrace::new(false);
+        let mut trace = TurnTrace::new(false, None);
+        let events = [node(ORCHESTRATOR), step(1), response("orchestrator", true, Some(10)), response("x", true, None), token("A")];
+        assert_eq!(content(&mut trace, &events), ["A"]);
+        assert_eq!(trace.usage, Usage { prompt_tokens: 10, completion_tokens: 2 });
+        assert_eq!(trace.usage.json()["total_tokens"], 12);
+        let mut quiet = TurnTrace::new(false, None);
         assert_eq!(quiet.closing_text(Some("Approve?"), false).as_deref(), Some("Approve?"));
         assert_eq!(quiet.closing_text(None, false), None);
+    }
+
+    #[test]
+    fn a_stream_cut_and_retried_is_noted_once_and_not_repeated() {
+        let mut trace = TurnTrace::new(true, None);
+        let events = [
+            node(ORCHESTRATOR),
+            request("respond"),
+            token("The weather "),
+            token("in Prague is"),
+            request("classifier"),
+            response("error", false, None),
+            response("respond", false, None),
+            request("respond"),
+            token("Here is "),
+            token("the weather."),
+            response("respond", true, Some(5)),
+        ];
+        let pieces = content(&mut trace, &events);
+        assert_eq!(pieces, ["> planning…\n", "\n", "The weather ", "in Prague is", CUT_NOTE, "Here is ", "the weather."]);
+        assert_eq!(trace.answer, "Here is the weather.");
+        assert_eq!(trace.closing_text(Some("Here is the weather."), false), None, "the retried answer is not sent again");
+        assert_eq!(trace.closing_text(Some("Report"), true).as_deref(), Some("\n\nReport"));
+
+        // Asked again without a failure reported first; and a cut that is not retried, then the report.
+        let mut trace = TurnTrace::new(false, None);
+        let pieces = content(&mut trace, &[token("Part"), request("respond"), token("Whole.")]);
+        assert_eq!(pieces, ["Part", RETRY_NOTE, "Whole."]);
+        let mut trace = TurnTrace::new(true, None);
+        let pieces = content(&mut trace, &[token("Part"), response("respond", false, None), node(ERROR)]);
+        assert_eq!(pieces, ["Part", CUT_NOTE, "> analysing the error…\n"]);
+        assert_eq!(trace.closing_text(Some("Report"), true).as_deref(), Some("\nReport"));
+        assert_eq!(trace.closing_text(Some("Report"), false).as_deref(), Some("\n\nReport"), "after the report, a blank line");
+        // A request before any token, and another caller's failure, change nothing.
+        let mut trace = TurnTrace::new(false, None);
+        assert_eq!(content(&mut trace, &[request("respond"), response("respond", false, None), token("A")]), ["A"]);
+    }
+
+    #[test]
+    fn the_mark_goes_into_the_first_status_line_or_opens_the_answer() {
+        const MARK: &str = "\u{2060}\u{200B}\u{200C}";
+        let mut trace = TurnTrace::new(true, Some(MARK.to_owned()));
+        assert!(trace.opening().is_empty(), "with status lines the mark waits for the first one");
+        let pieces = content(&mut trace, &[node(TASK_EXTRACTION), node(ORCHESTRATOR), token("> quoted")]);
+        assert_eq!(pieces, [format!("> understanding the request…{MARK}\n"), "> planning…\n".into(), "\n".into(), "> quoted".into()]);
+        assert_eq!(trace.unsent_mark(), None);
+
+        let mut trace = TurnTrace::new(false, Some(MARK.to_owned()));
+        assert_eq!(trace.opening(), [MARK]);
+        assert_eq!(content(&mut trace, &[token("# Weather"), token("\n")]), ["\n\n# Weather", "\n"], "a heading stays a heading");
+        assert_eq!(trace.closing_text(Some("Report"), true).as_deref(), Some("\nReport"));
+        let mut trace = TurnTrace::new(false, Some(MARK.to_owned()));
+        trace.opening();
+        assert_eq!(content(&mut trace, &[token("Hello")]), ["Hello"]);
+        let mut trace = TurnTrace::new(false, Some(MARK.to_owned()));
+        trace.opening();
+        assert_eq!(trace.closing_text(Some("Approve?"), false).as_deref(), Some("Approve?"), "no blank line after the mark alone");
+
+        // Status lines on, but the turn shows none: the mark comes with the first content, or last.
+        let mut trace = TurnTrace::new(true, Some(MARK.to_owned()));
+        assert_eq!(trace.closing_text(Some("- a\n- b"), false), Some(format!("{MARK}\n\n- a\n- b")));
+        let mut trace = TurnTrace::new(true, Some(MARK.to_owned()));
+        assert_eq!(trace.closing_text(None, false).as_deref(), Some(MARK));
+        let mut trace = TurnTrace::new(true, Some(MARK.to_owned()));
+        assert_eq!(trace.unsent_mark().as_deref(), Some(MARK));
+        assert_eq!(trace.unsent_mark(), None);
+    }
+
+    #[test]
+    fn markdown_that_begins_a_line_gets_a_blank_line_after_the_mark() {
+        for block in
+            ["# Title", "> quote", "- item", "* item", "1. item", "12) item", "| a | b |", "```rust", "~~~", "<details>", "  ## indented"]
+        {
+            assert_eq!(marked("M", block), format!("M\n\n{block}"), "{block:?}");
+        }
+        for text in ["Hello", "12 °C", "", "\nHello", "_x_", "2024"] {
+            assert_eq!(marked("M", text), format!("M{text}"), "{text:?}");
+        }
     }
 }

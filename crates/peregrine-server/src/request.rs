@@ -146,54 +146,40 @@ impl ChatRequest {
         Ok(())
     }
 
-    /// Which background task of Open WebUI this request is, if it is one: `metadata.task` when
-    /// the client passes it on, else `task prompt` when the last user message begins with
-    /// [`TASK_PROMPT_PREFIX`] (Open WebUI drops `metadata` before it calls a connection).
-    pub(crate) fn background_task(&self) -> Option<String> {
-        let named = self.metadata.as_ref().and_then(|metadata| metadata.get("task")).and_then(Value::as_str);
-        if let Some(task) = non_empty(named) {
-            return Some(task.chars().take(60).collect());
+    /// The background task of Open WebUI this request is, if it is one: a request whose
+    /// `metadata.task` is a non-empty string (a client that passes Open WebUI's metadata on), or
+    /// whose only message but system / developer ones is a user message that begins with
+    /// [`TASK_PROMPT_PREFIX`] and is not Open WebUI's RAG template (a question about files,
+    /// knowledge or a web search, which holds `<context>` … `</context>`). Its prompt is that
+    /// message (for `metadata.task`, the last user message); nothing else is forwarded.
+    pub(crate) fn background_task(&self) -> Option<BackgroundTask> {
+        let named = non_empty(self.metadata.as_ref().and_then(|metadata| metadata.get("task")).and_then(Value::as_str));
+        if let Some(task) = named {
+            let prompt = self.messages.iter().rev().find(|message| message.role == "user")?.text()?;
+            return Some(BackgroundTask { name: task.chars().take(60).collect(), prompt });
         }
-        let last_user = self.messages.iter().rev().find(|message| message.role == "user")?.text()?;
-        last_user.trim_start().starts_with(TASK_PROMPT_PREFIX).then(|| "task prompt".to_owned())
+        let mut others = self.messages.iter().filter(|message| !is_instruction(&message.role));
+        let (Some(only), None) = (others.next(), others.next()) else { return None };
+        let prompt = only.text().filter(|_| only.role == "user")?;
+        (prompt.trim_start().starts_with(TASK_PROMPT_PREFIX) && !is_rag_prompt(&prompt))
+            .then(|| BackgroundTask { name: "task prompt".to_owned(), prompt })
     }
 
-    /// The messages as they are, for one direct LLM call: `system` and `developer` messages as
-    /// system messages, `assistant` ones as the model's, every other role as the user's; messages
-    /// without text are left out.
-    pub(crate) fn llm_messages(&self) -> Result<Vec<peregrine_llm::ChatMessage>, ApiError> {
-        let messages: Vec<peregrine_llm::ChatMessage> = self
-            .messages
-            .iter()
-            .filter_map(|message| {
-                let text = message.text()?;
-                Some(match message.role.as_str() {
-                    "system" | "developer" => peregrine_llm::ChatMessage::system(text),
-                    "assistant" => peregrine_llm::ChatMessage::assistant(text),
-                    _ => peregrine_llm::ChatMessage::user(text),
-                })
-            })
-            .collect();
-        if messages.is_empty() {
-            return Err(ApiError::invalid_messages("'messages' has no message with text; send the task's prompt as a user message."));
-        }
-        Ok(messages)
-    }
-
-    /// The turn's input: the last user message, after which only system messages may come.
+    /// The turn's input: the last user message, after which only system and developer messages
+    /// may come.
     fn input(&self) -> Result<String, ApiError> {
-        let Some(last) = self.messages.iter().rev().find(|message| message.role != "system") else {
+        let Some(last) = self.messages.iter().rev().find(|message| !is_instruction(&message.role)) else {
             return Err(ApiError::invalid_messages(if self.messages.is_empty() {
                 "'messages' is empty; send at least one user message."
             } else {
-                "'messages' has only system messages; add the user's message (role 'user')."
+                "'messages' has only system or developer messages; add the user's message (role 'user')."
             }));
         };
         if last.role != "user" {
             let role: String = last.role.chars().take(40).collect();
             return Err(ApiError::invalid_messages(format!(
                 "The last message has role '{role}'; the last message must be the user's (role 'user') new message, followed by \
-                 nothing but system messages."
+                 nothing but system or developer messages."
             )));
         }
         last.text().ok_or_else(|| ApiError::invalid_messages("The last user message has no text; send a string or text content parts."))
@@ -217,21 +203,24 @@ impl ChatRequest {
         let input = self.input()?;
         let user = self.user();
         let openwebui_user = header(headers, USER_ID_HEADER);
-        let (thread_id, first_turn) = if let Some(chat_id) = header(headers, CHAT_ID_HEADER) {
-            (header_thread_id(caller, "chat-id", chat_id), None)
+        let people = People { caller: *caller, user: user.unwrap_or_default(), openwebui_user: openwebui_user.unwrap_or_default() };
+        let (thread_id, identity, mark) = if let Some(chat_id) = header(headers, CHAT_ID_HEADER) {
+            (header_thread_id(caller, "chat-id", chat_id), Identity::ChatId, None)
         } else if let Some(session_id) = header(headers, SESSION_ID_HEADER) {
-            (header_thread_id(caller, "session-id", session_id), None)
+            (header_thread_id(caller, "session-id", session_id), Identity::SessionId, None)
         } else {
-            let first_message = self.first_user_index().and_then(|index| self.messages[index].text()).unwrap_or_default();
-            let exchange = FirstExchange {
-                caller: *caller,
-                user: user.unwrap_or_default().to_owned(),
-                openwebui_user: openwebui_user.unwrap_or_default().to_owned(),
-                first_message,
-            };
             match self.first_answer() {
-                Some(answer) => (exchange.thread_id(&answer), None),
-                None => (fresh_thread_id(caller), Some(exchange)),
+                None => {
+                    let nonce = Nonce::random();
+                    (people.nonce_thread_id(nonce), Identity::New, Some(nonce.mark()))
+                }
+                Some(answer) => match Nonce::find(&answer) {
+                    Some(nonce) => (people.nonce_thread_id(nonce), Identity::Mark, None),
+                    None => {
+                        let first_message = self.first_user_index().and_then(|index| self.messages[index].text()).unwrap_or_default();
+                        (people.history_thread_id(&first_message, &answer), Identity::History, None)
+                    }
+                },
             }
         };
         let user = user.or(openwebui_user).unwrap_or(DEFAULT_USER);
@@ -241,8 +230,18 @@ impl ChatRequest {
             Caller::Anonymous => user.to_owned(),
             Caller::Key(_) => format!("{}:{user}", &caller.identity()[..16]),
         };
-        Ok(Conversation { thread_id, first_turn, input, session: Session::new(user_id, INTERFACE) })
+        Ok(Conversation { thread_id, identity, mark, input, session: Session::new(user_id, INTERFACE) })
     }
+}
+
+/// Whether messages of `role` only instruct the model (the agent has its own prompts).
+fn is_instruction(role: &str) -> bool {
+    matches!(role, "system" | "developer")
+}
+
+/// Whether `text` holds Open WebUI's RAG template: `<context>`, then `</context>`.
+fn is_rag_prompt(text: &str) -> bool {
+    text.find("<context>").is_some_and(|at| text[at..].contains("</context>"))
 }
 
 /// Whether a `tool_choice` forces a tool call: `"required"`, a named function (or any other
@@ -258,43 +257,76 @@ fn forces_a_tool(choice: &Value) -> bool {
     }
 }
 
+/// One of Open WebUI's background tasks: answered by one LLM call with its prompt alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BackgroundTask {
+    /// `metadata.task` (at most 60 characters), or `task prompt`.
+    pub name: String,
+    /// The user message forwarded to the model.
+    pub prompt: String,
+}
+
 /// Which agent thread a request continues, what it says, and who says it.
 #[derive(Debug, Clone)]
 pub(crate) struct Conversation {
     /// Where the turn runs: `oai-<owner tag>-<16 hex digits>`.
     pub thread_id: String,
-    /// For the first turn of a conversation (no answer in its history yet): what derives the id
-    /// its thread is filed under once the answer is known. `thread_id` is then a fresh one.
-    pub first_turn: Option<FirstExchange>,
+    /// How `thread_id` was found.
+    pub identity: Identity,
+    /// For a new conversation: the [`Nonce::mark`] its first answer carries, from which the
+    /// conversation's later requests derive `thread_id` again.
+    pub mark: Option<String>,
     /// The last user message: the turn's input.
     pub input: String,
     /// The session (user id, interface `openwebui`).
     pub session: Session,
 }
 
-/// What identifies a conversation without a chat or session id, except its first answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct FirstExchange {
-    caller: Caller,
-    /// The body's `user` string, or empty.
-    user: String,
-    /// Header `X-OpenWebUI-User-Id`, or empty.
-    openwebui_user: String,
-    /// The first user message's text.
-    first_message: String,
+/// How a request's thread was found (for the logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Identity {
+    /// Header `X-OpenWebUI-Chat-Id`.
+    ChatId,
+    /// Header `X-Session-Id`.
+    SessionId,
+    /// A new conversation: a fresh nonce.
+    New,
+    /// The nonce marked in the first answer.
+    Mark,
+    /// The first exchange, for a first answer without its mark.
+    History,
 }
 
-impl FirstExchange {
-    /// The conversation's thread once `answer` is its first assistant message: `oai-<owner
-    /// tag>-` + the first 16 hex digits of SHA-256 over `<caller>\nhistory\n`, then the `user`
-    /// field, header `X-OpenWebUI-User-Id`, the first user message and the answer as
-    /// [`normalize_answer`] makes it, each as `<UTF-8 byte length>:<text>\n`.
-    pub(crate) fn thread_id(&self, answer: &str) -> String {
-        let answer = normalize_answer(answer);
+/// Who a conversation without a chat or session id belongs to.
+#[derive(Debug, Clone, Copy)]
+struct People<'a> {
+    caller: Caller,
+    /// The body's `user` string, or empty.
+    user: &'a str,
+    /// Header `X-OpenWebUI-User-Id`, or empty.
+    openwebui_user: &'a str,
+}
+
+impl People<'_> {
+    /// The thread of the conversation whose first answer carries `nonce`: `oai-<owner tag>-` +
+    /// the first 16 hex digits of SHA-256 over `<caller>\nnonce\n` and the `user` field, header
+    /// `X-OpenWebUI-User-Id` and the nonce in 16 hex digits, each as `<UTF-8 byte length>:<text>\n`.
+    fn nonce_thread_id(&self, nonce: Nonce) -> String {
+        self.thread_id("nonce", &[&format!("{:016x}", nonce.0)])
+    }
+
+    /// The thread of a conversation whose first answer has no mark (a client dropped it): as
+    /// [`People::nonce_thread_id`] with `history` for `nonce` and the first user message and
+    /// the first answer as [`normalize_answer`] makes it for the nonce.
+    fn history_thread_id(&self, first_message: &str, answer: &str) -> String {
+        self.thread_id("history", &[first_message, &normalize_answer(answer)])
+    }
+
+    fn thread_id(&self, kind: &str, parts: &[&str]) -> String {
         let mut hasher = Sha256::new();
         hasher.update(caller_line(&self.caller));
-        hasher.update(b"history\n");
-        for part in [self.user.as_str(), self.openwebui_user.as_str(), self.first_message.as_str(), answer.as_str()] {
+        hasher.update(format!("{kind}\n").as_bytes());
+        for part in [self.user, self.openwebui_user].iter().chain(parts) {
             hasher.update(format!("{}:", part.len()).as_bytes());
             hasher.update(part.as_bytes());
             hasher.update(b"\n");
@@ -303,43 +335,61 @@ impl FirstExchange {
     }
 }
 
-/// Ends a first answer whose exchange another conversation of the caller already has, so that
-/// the two resend different histories: U+2060 WORD JOINER, then 20 random bits as U+200B (0) and
-/// U+200C (1). Invisible, not whitespace (trimming and [`normalize_answer`] keep it), and
-/// resent with the text.
-pub(crate) fn distinguishing_mark() -> String {
-    let bits = uuid::Uuid::new_v4().as_u128();
-    std::iter::once('\u{2060}').chain((0..20).map(|bit| if (bits >> bit) & 1 == 1 { '\u{200C}' } else { '\u{200B}' })).collect()
-}
+/// The random number a new conversation is known by: its first answer carries it as an
+/// invisible [`Nonce::mark`], which the client resends with the history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Nonce(u64);
 
-/// An answer as the conversation's identity counts it: every thread id (`oai-`, 12 hex digits,
-/// `-`, 16 hex digits) made `oai-*`, because a first answer may name its thread (an approval
-/// prompt's plan path) and is sent naming the thread it is filed under; then every run of
-/// whitespace made one space, trimmed (a client may re-wrap or trim the answer it resends).
-pub(crate) fn normalize_answer(text: &str) -> String {
-    let mut masked = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find("oai-") {
-        masked.push_str(&rest[..at]);
-        let candidate = &rest[at..];
-        let (kept, after) = if is_thread_id(candidate) { ("oai-*", THREAD_ID_LEN) } else { ("oai-", 4) };
-        masked.push_str(kept);
-        rest = &candidate[after..];
+/// Begins a mark: U+2060 WORD JOINER.
+const MARK_START: char = '\u{2060}';
+/// A 0 bit of a mark: U+200B ZERO WIDTH SPACE.
+const MARK_ZERO: char = '\u{200B}';
+/// A 1 bit of a mark: U+200C ZERO WIDTH NON-JOINER.
+const MARK_ONE: char = '\u{200C}';
+/// The bits a mark holds.
+const MARK_BITS: usize = 64;
+
+impl Nonce {
+    /// A fresh nonce: 64 random bits.
+    pub(crate) fn random() -> Self {
+        // A v4 UUID has 122 random bits; its halves' fixed bits are at different places, so
+        // their XOR is random throughout.
+        let bits = uuid::Uuid::new_v4().as_u128();
+        Self((bits >> 64) as u64 ^ bits as u64)
     }
-    masked.push_str(rest);
-    masked.split_whitespace().collect::<Vec<_>>().join(" ")
+
+    /// The nonce as text that shows nothing: U+2060 WORD JOINER, then its 64 bits (most
+    /// significant first) as U+200B (0) and U+200C (1). Not whitespace, so trimming keeps it.
+    pub(crate) fn mark(self) -> String {
+        std::iter::once(MARK_START)
+            .chain((0..MARK_BITS).rev().map(|bit| if (self.0 >> bit) & 1 == 1 { MARK_ONE } else { MARK_ZERO }))
+            .collect()
+    }
+
+    /// The nonce of the first whole mark in `text`.
+    pub(crate) fn find(text: &str) -> Option<Self> {
+        text.match_indices(MARK_START).find_map(|(at, start)| {
+            let mut bits = text[at + start.len()..].chars();
+            let mut value = 0u64;
+            for _ in 0..MARK_BITS {
+                value = (value << 1)
+                    | match bits.next()? {
+                        MARK_ZERO => 0,
+                        MARK_ONE => 1,
+                        _ => return None,
+                    };
+            }
+            Some(Self(value))
+        })
+    }
 }
 
-/// The length of `oai-<12 hex>-<16 hex>`.
-const THREAD_ID_LEN: usize = 33;
-
-/// Whether `text` starts with `oai-<12 hex>-<16 hex>`.
-fn is_thread_id(text: &str) -> bool {
-    let bytes = text.as_bytes();
-    bytes.len() >= THREAD_ID_LEN
-        && bytes[4..16].iter().all(u8::is_ascii_hexdigit)
-        && bytes[16] == b'-'
-        && bytes[17..THREAD_ID_LEN].iter().all(u8::is_ascii_hexdigit)
+/// A first answer as the fallback identity counts it: without invisible characters (a client
+/// that dropped the mark may have dropped others), every run of whitespace made one space,
+/// trimmed (a client may re-wrap or trim the answer it resends).
+pub(crate) fn normalize_answer(text: &str) -> String {
+    let visible: String = text.chars().filter(|c| !matches!(c, '\u{200B}'..='\u{200D}' | '\u{2060}' | '\u{FEFF}')).collect();
+    visible.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn caller_line(caller: &Caller) -> Vec<u8> {
@@ -356,13 +406,6 @@ fn header_thread_id(caller: &Caller, source: &str, key: &str) -> String {
         hasher.update(b"\n");
     }
     oai_thread_id(caller, &hasher.finalize())
-}
-
-/// A new conversation's thread until its first answer files it: `oai-<owner tag>-` + 16 random
-/// hex digits.
-fn fresh_thread_id(caller: &Caller) -> String {
-    let random = uuid::Uuid::new_v4().simple().to_string();
-    format!("oai-{}-{}", caller.owner_tag(), &random[..16])
 }
 
 fn oai_thread_id(caller: &Caller, digest: &[u8]) -> String {
@@ -444,6 +487,7 @@ mod tests {
             (json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), None),
             (json!([system, user("hi")]), Some("hi")),
             (json!([user("hi"), system]), Some("hi")),
+            (json!([user("hi"), {"role": "developer", "content": "d"}, system]), Some("hi")),
             (json!([user("hi"), assistant("hello"), user("bye"), system, system]), Some("bye")),
             (json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]), Some("a\nb")),
         ];
@@ -487,69 +531,124 @@ mod tests {
     }
 
     #[test]
-    fn background_tasks_are_told_by_metadata_or_their_prompt() {
+    fn background_tasks_are_one_task_prompt_or_named_by_metadata() {
         let title = "### Task:\nGenerate a concise, 3-5 word title.\n<chat_history>\nUSER: hi\n</chat_history>";
+        let rag = "### Task:\nRespond to the user query using the provided context.\n\n<context>\n<source id=\"1\">Prague: 12 °C</source>\n\
+                   </context>\n\nWhat's the weather in Prague?";
+        let system = json!({"role": "system", "content": "s"});
+        let developer = json!({"role": "developer", "content": "d"});
+        let task = |prompt: &str| Some(("task prompt".to_owned(), prompt.to_owned()));
         let cases = [
-            (json!({"messages": [user(title)]}), Some("task prompt")),
-            (json!({"messages": [{"role": "system", "content": "s"}, user(&format!("\n  {title}"))]}), Some("task prompt")),
-            (json!({"messages": [user("hi")], "metadata": {"task": "title_generation"}}), Some("title_generation")),
-            (json!({"messages": [user("hi")], "metadata": {"task": ""}}), None),
-            (json!({"messages": [user("hi")], "metadata": {"chat_id": "c"}}), None),
+            (json!({"messages": [user(title)]}), task(title)),
+            (json!({"messages": [user(&format!("\n  {title}"))]}), task(&format!("\n  {title}"))),
+            // A model with a system prompt in Open WebUI gets it in its task requests too: not forwarded.
+            (json!({"messages": [system, developer, user(title)]}), task(title)),
+            (json!({"messages": [user(title), system]}), task(title)),
+            // A question about files, knowledge or a web search (the RAG template) is a turn.
+            (json!({"messages": [user(rag)]}), None),
             (json!({"messages": [user("What is ### Task: about?")]}), None),
             (json!({"messages": [user(title), assistant("t"), user("hi")]}), None),
+            (json!({"messages": [user("hi"), assistant("t"), user(title)]}), None),
+            (json!({"messages": [user(title), user(title)]}), None),
+            (json!({"messages": [assistant(title)]}), None),
+            (
+                json!({"messages": [user("a"), user("b")], "metadata": {"task": "title_generation"}}),
+                Some(("title_generation".into(), "b".into())),
+            ),
+            (json!({"messages": [user("hi")], "metadata": {"task": ""}}), None),
+            (json!({"messages": [user("hi")], "metadata": {"chat_id": "c"}}), None),
+            (json!({"messages": [system], "metadata": {"task": "tags_generation"}}), None),
         ];
-        for (mut body, task) in cases {
+        for (mut body, expected) in cases {
             body["model"] = json!("m");
-            assert_eq!(request(body.clone()).background_task().as_deref(), task, "{body}");
+            let found = request(body.clone()).background_task().map(|task| (task.name, task.prompt));
+            assert_eq!(found, expected, "{body}");
         }
-        let messages = request(json!({"model": "m", "messages": [
-            {"role": "developer", "content": "d"}, user("u"), assistant("a"), {"role": "tool", "content": "t"}, {"role": "user", "content": null},
-        ]}))
-        .llm_messages()
-        .unwrap();
-        let roles: Vec<_> = messages.iter().map(|message| (message.role, message.content.as_str())).collect();
-        use peregrine_llm::ChatRole::{Assistant, System, User};
-        assert_eq!(roles, [(System, "d"), (User, "u"), (Assistant, "a"), (User, "t")]);
-        assert!(request(json!({"model": "m", "messages": []})).llm_messages().is_err());
     }
 
     #[test]
-    fn a_new_conversation_runs_on_a_fresh_thread_filed_under_its_first_exchange() {
+    fn a_new_conversation_gets_a_nonce_that_its_first_answer_carries() {
         let none = HeaderMap::new();
         let anonymous = Caller::Anonymous;
         let first = conversation(json!([user("hi")]), &anonymous, &none);
         let again = conversation(json!([user("hi")]), &anonymous, &none);
         assert_ne!(first.thread_id, again.thread_id, "two chats that both start with 'hi' are two conversations");
         assert!(is_oai_id(&first.thread_id, &anonymous), "{}", first.thread_id);
-        let exchange = first.first_turn.clone().expect("a first turn is filed");
-        assert_eq!(exchange, again.first_turn.clone().unwrap(), "both derive from the same anchor");
+        assert_eq!(first.identity, Identity::New);
+        let mark = first.mark.clone().expect("a new conversation's answer carries a mark");
+        assert_ne!(Some(&mark), again.mark.as_ref());
 
-        // The answer as the client resends it (status lines included) finds the filed thread.
-        let answer = "> planning…\n\nHello! How can I help?";
+        // The answer as the client resends it (status lines, the mark inside the first one) finds the thread.
+        let answer = format!("> planning{mark}…\n\nHello! How can I help?");
         let later =
-            conversation(json!([{"role": "system", "content": "s"}, user("hi"), assistant(answer), user("weather?")]), &anonymous, &none);
-        assert_eq!(later.thread_id, exchange.thread_id(answer));
-        assert!(later.first_turn.is_none() && is_oai_id(&later.thread_id, &anonymous));
+            conversation(json!([{"role": "system", "content": "s"}, user("hi"), assistant(&answer), user("weather?")]), &anonymous, &none);
+        assert_eq!((later.thread_id.as_str(), later.identity, later.mark.as_ref()), (first.thread_id.as_str(), Identity::Mark, None));
         assert_eq!(later.input, "weather?");
         let further =
-            conversation(json!([user("hi"), assistant(answer), user("weather?"), assistant("sunny"), user("thanks")]), &anonymous, &none);
-        assert_eq!(further.thread_id, later.thread_id, "only the first exchange counts");
-        let rewrapped =
-            conversation(json!([user("hi"), assistant(" > planning…\n\nHello!  How can\nI help? \n"), user("x")]), &anonymous, &none);
-        assert_eq!(rewrapped.thread_id, later.thread_id, "whitespace does not count");
-        let other_answer = conversation(json!([user("hi"), assistant("Hi there."), user("weather?")]), &anonymous, &none);
-        assert_ne!(other_answer.thread_id, later.thread_id);
-        let other_first = conversation(json!([user("hello"), assistant(answer), user("weather?")]), &anonymous, &none);
-        assert_ne!(other_first.thread_id, later.thread_id);
+            conversation(json!([user("hi"), assistant(&answer), user("weather?"), assistant("sunny"), user("thanks")]), &anonymous, &none);
+        assert_eq!(further.thread_id, first.thread_id, "only the first answer counts");
+        // A stopped answer holds the mark as soon as it holds anything; the first user message does not count.
+        let stopped = conversation(json!([user("hello?"), assistant(&format!("> plan{mark}")), user("go on")]), &anonymous, &none);
+        assert_eq!(stopped.thread_id, first.thread_id);
+        // Another user of the same key, resending the same history, has a thread of their own.
+        let other_user = request(json!({"model": "m", "user": "bob", "messages": [user("hi"), assistant(&answer), user("x")]}))
+            .conversation(&anonymous, &none)
+            .unwrap();
+        assert_ne!(other_user.thread_id, first.thread_id);
         // An assistant greeting before the first user message does not make a history.
-        let greeted = conversation(json!([assistant("Welcome!"), user("hi")]), &anonymous, &none);
-        assert!(greeted.first_turn.is_some());
+        let greeted = conversation(json!([assistant(&answer), user("hi")]), &anonymous, &none);
+        assert_eq!(greeted.identity, Identity::New);
+    }
+
+    #[test]
+    fn marks_hold_the_nonce_invisibly_and_are_found_in_the_answer() {
+        for nonce in [Nonce(0), Nonce(1), Nonce(u64::MAX), Nonce(0x0123_4567_89ab_cdef), Nonce::random()] {
+            let mark = nonce.mark();
+            assert_eq!(mark.chars().count(), 1 + MARK_BITS);
+            assert!(mark.chars().all(|c| !c.is_whitespace() && matches!(c, MARK_START | MARK_ZERO | MARK_ONE)), "{mark:?}");
+            assert_eq!(mark.trim(), mark, "trimming keeps it");
+            for text in [mark.clone(), format!("> planning{mark}…\n"), format!("x\u{2060}y{mark} and \u{2060}\u{200B} more")] {
+                assert_eq!(Nonce::find(&text), Some(nonce), "{text:?}");
+            }
+        }
+        let mark = Nonce(5).mark();
+        assert_eq!(Nonce::find(&mark[..mark.len() - MARK_ONE.len_utf8()]), None, "a cut mark is no mark");
+        assert_eq!(Nonce::find("Hello"), None);
+        assert_ne!(Nonce::random(), Nonce::random());
+    }
+
+    #[test]
+    fn an_answer_without_its_mark_falls_back_to_the_first_exchange() {
+        let none = HeaderMap::new();
+        let anonymous = Caller::Anonymous;
+        let stripped = conversation(json!([user("hi"), assistant("> planning…\n\nHello! How can I help?"), user("x")]), &anonymous, &none);
+        assert_eq!((stripped.identity, stripped.mark.as_ref()), (Identity::History, None));
+        let rewrapped =
+            conversation(json!([user("hi"), assistant(" > planning…\n\nHello!  How can\nI help? \n"), user("y")]), &anonymous, &none);
+        assert_eq!(rewrapped.thread_id, stripped.thread_id, "whitespace does not count");
+        let half_mark = conversation(
+            json!([user("hi"), assistant("> planning\u{2060}\u{200B}…\n\nHello! How can I help?"), user("y")]),
+            &anonymous,
+            &none,
+        );
+        assert_eq!(half_mark.thread_id, stripped.thread_id, "invisible characters do not count");
+        let other_answer = conversation(json!([user("hi"), assistant("Hi there."), user("x")]), &anonymous, &none);
+        assert_ne!(other_answer.thread_id, stripped.thread_id);
+        let other_first =
+            conversation(json!([user("hello"), assistant("> planning…\n\nHello! How can I help?"), user("x")]), &anonymous, &none);
+        assert_ne!(other_first.thread_id, stripped.thread_id);
+        assert_eq!(normalize_answer(" a \u{200B}b\u{FEFF}\n\n c\u{2060} "), "a b c");
+        // The parts are length-prefixed: moving text from one part to the next changes the id.
+        let people = |user| People { caller: anonymous, user, openwebui_user: "" };
+        assert_ne!(people("a\n1:b").history_thread_id("c", "x"), people("a").history_thread_id("b\n1:c", "x"));
+        assert_ne!(people("").nonce_thread_id(Nonce(7)), people("").history_thread_id("", "0000000000000007"));
     }
 
     #[test]
     fn the_identity_holds_the_caller_and_the_user() {
         let none = HeaderMap::new();
-        let history = json!([user("hi"), assistant("Hello"), user("weather?")]);
+        let mark = Nonce(42).mark();
+        let history = json!([user("hi"), assistant(&format!("Hello{mark}")), user("weather?")]);
         let (one, two) = (Caller::Key([1; 32]), Caller::Key([2; 32]));
         let anonymous = conversation(history.clone(), &Caller::Anonymous, &none);
         let keyed = conversation(history.clone(), &one, &none);
@@ -568,14 +667,6 @@ mod tests {
             assert!(ids.iter().skip(index + 1).all(|other| other != id), "{ids:?}");
         }
         assert_eq!(by_user(json!(7), &none).thread_id, keyed.thread_id, "a user that is not a string is ignored");
-        // The parts are length-prefixed: moving text from one part to the next changes the id.
-        let exchange = |user: &str, first_message: &str| FirstExchange {
-            caller: one,
-            user: user.into(),
-            openwebui_user: String::new(),
-            first_message: first_message.into(),
-        };
-        assert_ne!(exchange("a\n1:b", "c").thread_id("x"), exchange("a", "b\n1:c").thread_id("x"));
 
         // Memory is per user id, and a key's users are its own: naming another key's user
         // reaches nothing of theirs.
@@ -589,28 +680,6 @@ mod tests {
     }
 
     #[test]
-    fn answers_count_without_thread_ids_and_whitespace_but_with_marks() {
-        let id_a = "oai-0123456789ab-0123456789abcdef";
-        let id_b = "oai-0123456789ab-fedcba9876543210";
-        let prompt = |id: &str| format!("Approve?\n\n_The plan is saved at `/data/pending_plans/{id}/pending.json`._ ");
-        assert_eq!(normalize_answer(&prompt(id_a)), normalize_answer(&prompt(id_b)));
-        assert_eq!(normalize_answer(&prompt(id_a)), "Approve? _The plan is saved at `/data/pending_plans/oai-*/pending.json`._");
-        for kept in ["oai-", "oai-0123456789ab-0123", "xoai-zz", "oai-0123456789ab_0123456789abcdef", "naïve oai-ü"] {
-            assert_eq!(normalize_answer(kept), kept, "not a thread id");
-        }
-        let mark = distinguishing_mark();
-        assert_eq!(mark.chars().count(), 21);
-        assert!(mark.chars().all(|c| !c.is_whitespace() && matches!(c, '\u{2060}' | '\u{200B}' | '\u{200C}')), "{mark:?}");
-        let answer = "Hello! How can I help?";
-        assert_eq!(normalize_answer(&format!("{answer}{mark}\n")), format!("{answer}{mark}"), "trimming keeps the mark");
-        let exchange =
-            FirstExchange { caller: Caller::Anonymous, user: String::new(), openwebui_user: String::new(), first_message: "hi".into() };
-        let marks: std::collections::HashSet<String> =
-            (0..8).map(|_| exchange.thread_id(&format!("{answer}{}", distinguishing_mark()))).collect();
-        assert!(marks.len() > 1 && !marks.contains(&exchange.thread_id(answer)), "a mark makes another id");
-    }
-
-    #[test]
     fn chat_and_session_headers_name_the_thread_first() {
         let anonymous = &Caller::Anonymous;
         let new_chat = json!([user("hello")]);
@@ -619,7 +688,7 @@ mod tests {
         let by_session = conversation(new_chat.clone(), anonymous, &with_header(SESSION_ID_HEADER, "c1"));
         let other_chat = conversation(new_chat, anonymous, &with_header(CHAT_ID_HEADER, "c2"));
         assert_eq!(by_chat.thread_id, by_chat_later.thread_id);
-        assert!(by_chat.first_turn.is_none() && by_session.first_turn.is_none(), "nothing to file");
+        assert!(by_chat.mark.is_none() && by_session.mark.is_none(), "the header names the conversation: no mark");
         assert_ne!(by_chat.thread_id, by_session.thread_id);
         assert_ne!(by_chat.thread_id, other_chat.thread_id);
         // The ids of chat-id threads are those of earlier versions: SHA-256 over caller, source and id.

@@ -16,10 +16,16 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::Redact;
 use crate::error::ApiError;
 
-/// How many finished runs a process keeps (the oldest are forgotten first).
+/// How many finished runs a process keeps (the ones that ended first are forgotten first).
 pub(crate) const MAX_FINISHED_RUNS: usize = 1000;
+/// How many bytes of events the finished runs of a process keep at most.
+pub(crate) const MAX_FINISHED_BYTES: usize = 128 * 1024 * 1024;
+/// A finished run is kept at least this long whatever the limits (a client waiting for it or
+/// reconnecting to its stream finds it).
+pub(crate) const MIN_RETENTION: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What a run does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +89,8 @@ pub(crate) struct LoggedEvent {
 #[derive(Debug)]
 struct RunLog {
     events: Vec<LoggedEvent>,
+    /// The bytes of `events`' data.
+    bytes: usize,
     status: RunStatus,
     started: bool,
     finished_at: Option<DateTime<Utc>>,
@@ -91,7 +99,6 @@ struct RunLog {
 }
 
 /// A run and everything it has produced so far.
-#[derive(Debug)]
 pub(crate) struct Run {
     /// The run id.
     pub id: String,
@@ -104,24 +111,43 @@ pub(crate) struct Run {
     /// Cancels it.
     pub cancel: CancellationToken,
     log: Mutex<RunLog>,
-    /// The number of events logged, plus one once the run has ended.
+    /// Bumped on every change (an event logged, the run started or ended).
     changed: watch::Sender<u64>,
+    /// Removes the configuration's secrets from everything the run logs.
+    redact: Redact,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run").field("id", &self.id).field("thread_id", &self.thread_id).field("kind", &self.kind).finish_non_exhaustive()
+    }
 }
 
 impl Run {
-    fn new(thread_id: &str, kind: RunKind) -> Self {
+    fn new(thread_id: &str, kind: RunKind, redact: Redact, cancel: CancellationToken) -> Self {
         let id = uuid::Uuid::new_v4().to_string();
-        let log = RunLog { events: Vec::new(), status: RunStatus::Running, started: false, finished_at: None, result: None, error: None };
+        let log = RunLog {
+            events: Vec::new(),
+            bytes: 0,
+            status: RunStatus::Running,
+            started: false,
+            finished_at: None,
+            result: None,
+            error: None,
+        };
         let run = Self {
             id: id.clone(),
             thread_id: thread_id.to_owned(),
             kind,
             created_at: Utc::now(),
-            cancel: CancellationToken::new(),
+            cancel,
             log: Mutex::new(log),
             changed: watch::channel(0).0,
+            redact,
         };
-        run.push("metadata", &json!({"run_id": id, "thread_id": thread_id}));
+        let mut log = run.log();
+        run.push_locked(&mut log, "metadata", &json!({"run_id": id, "thread_id": thread_id}));
+        drop(log);
         run
     }
 
@@ -129,10 +155,17 @@ impl Run {
         self.log.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Logs an event (its data redacted); the caller wakes the followers.
+    fn push_locked(&self, log: &mut RunLog, name: &'static str, data: &Value) {
+        let seq = log.events.len() as u64 + 1;
+        let data: Arc<str> = Arc::from((self.redact)(&data.to_string()));
+        log.bytes += data.len();
+        log.events.push(LoggedEvent { seq, name, data });
+    }
+
     fn push(&self, name: &'static str, data: &Value) {
         let mut log = self.log();
-        let seq = log.events.len() as u64 + 1;
-        log.events.push(LoggedEvent { seq, name, data: Arc::from(data.to_string()) });
+        self.push_locked(&mut log, name, data);
         drop(log);
         self.changed.send_modify(|count| *count += 1);
     }
@@ -152,7 +185,8 @@ impl Run {
         }
     }
 
-    /// Ends the run with the turn's result or an error, and logs the final `end` event.
+    /// Ends the run with the turn's result or an error, and logs the final `end` event (in one
+    /// step: a run that is finished always has `end` as its last event).
     pub(crate) fn finish(&self, outcome: Result<TurnResult, ApiError>) {
         let mut log = self.log();
         if log.finished_at.is_some() {
@@ -166,17 +200,33 @@ impl Run {
                     TurnStatus::Cancelled => RunStatus::Cancelled,
                     _ => RunStatus::Success,
                 };
-                log.result = Some(result_json(&result));
+                log.result = Some(redact_value(&self.redact, &result_json(&result)));
             }
             Err(error) => {
                 log.status = if self.cancel.is_cancelled() { RunStatus::Cancelled } else { RunStatus::Error };
-                log.error = Some(error);
+                log.error = Some(error.redacted(&self.redact));
             }
         }
         log.finished_at = Some(Utc::now());
+        let end = self.json_of(&log);
+        self.push_locked(&mut log, "end", &end);
         drop(log);
-        let end = self.json();
-        self.push("end", &end);
+        self.changed.send_modify(|count| *count += 1);
+    }
+
+    /// When the run ended.
+    fn finished_at(&self) -> Option<DateTime<Utc>> {
+        self.log().finished_at
+    }
+
+    /// The bytes of its events.
+    fn bytes(&self) -> usize {
+        self.log().bytes
+    }
+
+    /// The number of its last event.
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.log().events.len() as u64
     }
 
     /// Whether the run has ended.
@@ -225,6 +275,10 @@ impl Run {
     /// The Run object of the API.
     pub(crate) fn json(&self) -> Value {
         let log = self.log();
+        self.json_of(&log)
+    }
+
+    fn json_of(&self, log: &RunLog) -> Value {
         json!({
             "run_id": self.id,
             "thread_id": self.thread_id,
@@ -238,46 +292,69 @@ impl Run {
     }
 }
 
-/// The runs this process knows: the running ones and the last [`MAX_FINISHED_RUNS`] finished.
-#[derive(Debug, Default)]
+/// The runs this process knows: the running ones and the finished ones within
+/// [`MAX_FINISHED_RUNS`] and [`MAX_FINISHED_BYTES`] (those that ended first are forgotten first,
+/// none within [`MIN_RETENTION`] of its end).
 pub(crate) struct RunRegistry {
     inner: Mutex<Registry>,
+    redact: Redact,
+    /// The parent of every run's cancel token: cancelled when the server stops.
+    stopping: CancellationToken,
+}
+
+impl std::fmt::Debug for RunRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunRegistry").field("runs", &self.inner().runs.len()).finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
 struct Registry {
     runs: HashMap<String, Arc<Run>>,
+    /// Run ids in the order they were accepted.
     order: VecDeque<String>,
 }
 
 impl RunRegistry {
+    /// A registry whose runs log through `redact` and are cancelled with `stopping`.
+    pub(crate) fn new(redact: Redact, stopping: CancellationToken) -> Self {
+        Self { inner: Mutex::new(Registry::default()), redact, stopping }
+    }
+
     fn inner(&self) -> MutexGuard<'_, Registry> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Registers a new run of `thread_id`.
     pub(crate) fn start(&self, thread_id: &str, kind: RunKind) -> Arc<Run> {
-        let run = Arc::new(Run::new(thread_id, kind));
+        let run = Arc::new(Run::new(thread_id, kind, Arc::clone(&self.redact), self.stopping.child_token()));
         let mut inner = self.inner();
+        Self::evict(&mut inner, Utc::now());
         inner.runs.insert(run.id.clone(), Arc::clone(&run));
         inner.order.push_back(run.id.clone());
-        // Forget the oldest finished runs beyond the limit (running ones are always kept).
-        let finished = inner.runs.values().filter(|run| run.is_finished()).count();
-        if finished > MAX_FINISHED_RUNS {
-            let mut excess = finished - MAX_FINISHED_RUNS;
-            let mut kept = VecDeque::with_capacity(inner.order.len());
-            while let Some(id) = inner.order.pop_front() {
-                let forget = excess > 0 && inner.runs.get(&id).is_none_or(|run| run.is_finished());
-                if forget {
-                    inner.runs.remove(&id);
-                    excess -= 1;
-                } else {
-                    kept.push_back(id);
-                }
-            }
-            inner.order = kept;
-        }
         run
+    }
+
+    /// Forgets the finished runs beyond the limits, those that ended first first.
+    fn evict(inner: &mut Registry, now: DateTime<Utc>) {
+        let mut finished: Vec<(DateTime<Utc>, usize, String)> =
+            inner.runs.values().filter_map(|run| run.finished_at().map(|at| (at, run.bytes(), run.id.clone()))).collect();
+        let (mut count, mut bytes) = (finished.len(), finished.iter().map(|(_, bytes, _)| bytes).sum::<usize>());
+        if count <= MAX_FINISHED_RUNS && bytes <= MAX_FINISHED_BYTES {
+            return;
+        }
+        finished.sort();
+        let keep_after = now - chrono::Duration::from_std(MIN_RETENTION).unwrap_or_default();
+        for (at, size, id) in finished {
+            if (count <= MAX_FINISHED_RUNS && bytes <= MAX_FINISHED_BYTES) || at > keep_after {
+                break;
+            }
+            inner.runs.remove(&id);
+            count -= 1;
+            bytes -= size;
+        }
+        let Registry { runs, order } = inner;
+        order.retain(|id| runs.contains_key(id));
     }
 
     /// Forgets a run (one that never started).
@@ -312,16 +389,37 @@ impl RunRegistry {
     }
 }
 
+/// `value` with the configuration's secrets removed from its text.
+pub(crate) fn redact_value(redact: &Redact, value: &Value) -> Value {
+    let text = value.to_string();
+    let redacted = redact(&text);
+    if redacted == text {
+        return value.clone();
+    }
+    serde_json::from_str(&redacted).unwrap_or(Value::String(redacted))
+}
+
+/// `value` without the server-side file paths an approval payload names (the pending plan
+/// files live on the disk of the process that asked).
+pub(crate) fn strip_server_paths(value: &mut Value) {
+    match value {
+        Value::Object(fields) => {
+            fields.remove("pending_plans_dir");
+            fields.remove("plan_file_path");
+            fields.values_mut().for_each(strip_server_paths);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_server_paths),
+        _ => {}
+    }
+}
+
 /// The API's form of a pending approval.
 pub(crate) fn interrupt_json(interrupt: &PendingInterrupt) -> Value {
     let text = |key: &str| interrupt.payload.get(key).and_then(Value::as_str).map(str::to_owned);
     // What is to be approved (a plan approval's `execution_plan`, …), without the envelope the
     // approval node wraps it in, nor the paths of files on the server's disk.
     let mut payload = interrupt.payload.get("resume_payload").unwrap_or(&interrupt.payload).clone();
-    if let Value::Object(fields) = &mut payload {
-        fields.remove("pending_plans_dir");
-        fields.remove("plan_file_path");
-    }
+    strip_server_paths(&mut payload);
     json!({
         "id": interrupt.id,
         "node": interrupt.node,
@@ -405,7 +503,7 @@ mod tests {
 
     #[test]
     fn events_are_numbered_and_named_by_kind() {
-        let run = Run::new("t-1", RunKind::Message);
+        let run = Run::new("t-1", RunKind::Message, Arc::new(str::to_owned), CancellationToken::new());
         run.record(&RunEvent::RunStarted { thread_id: "t-1".into(), run_id: "engine".into() });
         run.record(&RunEvent::NodeFinished {
             node: "classifier".into(),
@@ -429,33 +527,57 @@ mod tests {
     }
 
     #[test]
-    fn the_end_event_carries_the_run() {
-        let run = Run::new("t-1", RunKind::Resume);
-        run.finish(Err(ApiError::thread_busy()));
+    fn the_end_event_carries_the_run_and_everything_is_redacted() {
+        let redact: Redact = Arc::new(|text: &str| text.replace("sk-secret", "***"));
+        let run = Run::new("t-1", RunKind::Resume, redact, CancellationToken::new());
+        run.record(&RunEvent::Custom(AgentEvent::new(
+            "respond",
+            EventKind::LlmToken { role: "response".into(), content: "sk-secret".into() },
+        )));
+        run.finish(Err(ApiError::server_error("the provider said: bad key sk-secret")));
         run.finish(Err(ApiError::server_error("again")));
         let events = run.events_after(0);
         assert_eq!(events.last().map(|event| event.name), Some("end"));
+        assert!(run.is_finished() && run.last_seq() == events.len() as u64);
         let end: Value = serde_json::from_str(&events[events.len() - 1].data).unwrap();
         assert_eq!(end["status"], "error");
-        assert_eq!(end["error"]["code"], "thread_busy", "the first outcome counts");
+        assert_eq!(end["error"]["message"], "the provider said: bad key ***", "the first outcome counts, redacted");
         assert_eq!(end["kind"], "resume");
+        assert!(events.iter().all(|event| !event.data.contains("sk-secret")));
+        assert!(!run.json().to_string().contains("sk-secret"));
+    }
+
+    fn registry() -> RunRegistry {
+        RunRegistry::new(Arc::new(str::to_owned), CancellationToken::new())
     }
 
     #[test]
-    fn finished_runs_are_forgotten_beyond_the_limit_running_ones_never() {
-        let registry = RunRegistry::default();
+    fn finished_runs_are_forgotten_in_the_order_they_ended_never_too_soon() {
+        let registry = registry();
+        let long = registry.start("long", RunKind::Message);
         let running = registry.start("busy", RunKind::Message);
         for _ in 0..MAX_FINISHED_RUNS + 5 {
             registry.start("t", RunKind::Message).finish(Err(ApiError::thread_busy()));
         }
+        long.finish(Err(ApiError::thread_busy()));
         registry.start("t", RunKind::Message);
-        assert!(registry.get("busy", &running.id).is_some());
+        assert_eq!(registry.of_thread("t").len(), MAX_FINISHED_RUNS + 6, "runs that just ended are all kept");
+        RunRegistry::evict(&mut registry.inner(), Utc::now() + chrono::Duration::minutes(5));
+        assert!(registry.get("long", &long.id).is_some(), "the run that ended last is kept although it started first");
+        assert!(registry.get("busy", &running.id).is_some(), "running runs are never forgotten");
         assert!(registry.get("t", &running.id).is_none(), "a run is found only under its own thread");
         assert_eq!(registry.active("busy").map(|run| run.id.clone()), Some(running.id.clone()));
         let kept = registry.of_thread("t");
-        assert_eq!(kept.iter().filter(|run| run.is_finished()).count(), MAX_FINISHED_RUNS);
+        assert_eq!(kept.iter().filter(|run| run.is_finished()).count() + 1, MAX_FINISHED_RUNS);
         registry.forget_thread("t");
         assert!(registry.of_thread("t").is_empty());
         assert_eq!(registry.of_thread("busy").len(), 1);
+    }
+
+    #[test]
+    fn server_paths_are_stripped_everywhere() {
+        let mut value = json!({"a": {"plan_file_path": "/srv/x", "keep": 1}, "b": [{"pending_plans_dir": "/srv"}]});
+        strip_server_paths(&mut value);
+        assert_eq!(value, json!({"a": {"keep": 1}, "b": [{}]}));
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use peregrine_llm::Secret;
-use peregrine_server::{ServerOptions, router};
+use peregrine_server::{Server, ServerOptions};
 use peregrine_testkit::agent_fixture::{LOCATION_EXTRACTION, LlmCall, call_counts, location_reply, weather_agent, with_weather_replies};
 use peregrine_testkit::llm_server::{Fault, Reply, Script, ScriptedLlmServer};
 use reqwest::Method;
@@ -54,6 +54,8 @@ struct Served {
     weather_call: Arc<AtomicU8>,
     /// One message per `current_weather` call held.
     held: Mutex<mpsc::UnboundedReceiver<()>>,
+    /// The served agent (its running turns, its shutdown).
+    server: Server,
     _dir: tempfile::TempDir,
 }
 
@@ -80,9 +82,10 @@ async fn serve(options: ServerOptions) -> Served {
     let agent = weather_agent(&llm.base_url(), 30.0, &dir.path().join("checkpoints.db"), &data).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let app = router(Arc::new(agent), ServerOptions { agent_data_dir: Some(data), ..options });
+    let server = Server::new(Arc::new(agent), ServerOptions { agent_data_dir: Some(data), ..options });
+    let app = server.router();
     tokio::spawn(async move { axum::serve(listener, app).await });
-    Served { url, llm, client: reqwest::Client::new(), weather_call, held: Mutex::new(held), _dir: dir }
+    Served { url, llm, client: reqwest::Client::new(), weather_call, held: Mutex::new(held), server, _dir: dir }
 }
 
 fn open() -> ServerOptions {
@@ -694,7 +697,7 @@ async fn a_thread_is_invisible_to_another_key() {
         assert_error(status, &body, 404, "thread_not_found");
     }
     let (status, body) = served.get(ALPHA, &format!("/threads/{thread}/runs/{run_id}")).await;
-    assert_error(status, &body, 404, "run_not_found");
+    assert_error(status, &body, 404, "thread_not_found");
     let (_, listed) = served.get(ALPHA, "/threads").await;
     assert_eq!(listed, json!([]), "{listed}");
 }
@@ -932,4 +935,85 @@ async fn info_needs_no_key_and_tells_whether_one_is_needed() {
     let open = serve(open()).await;
     let (status, info) = open.get(ANYONE, "/info").await;
     assert_eq!((status, info["auth"].as_bool()), (200, Some(false)), "{info}");
+}
+
+#[tokio::test]
+async fn shutting_down_cancels_the_runs_still_going_after_the_grace_and_ends_their_streams() {
+    let served = serve(open()).await;
+    assert_eq!(within("a shutdown with nothing running", served.server.shut_down(Duration::from_secs(60))).await, 0);
+    let served = serve(open()).await;
+    let thread = served.create_thread(ANYONE).await;
+    served.weather_calls(WeatherCall::Hold);
+    let run = served.start_run(ANYONE, &thread, &json!({"input": "What's the weather in San Francisco?"})).await;
+    let run_id = run["run_id"].as_str().unwrap();
+    served.held_weather_call().await;
+    let stream = served.follow(ANYONE, &thread, run_id, None).await;
+    assert_eq!(served.server.running(), 1);
+    // The run is held for good, so the grace always runs out and the run is cancelled.
+    let cut_off = within("the shutdown", served.server.shut_down(Duration::from_millis(100))).await;
+    assert_eq!(cut_off, 1);
+    assert_eq!(served.server.running(), 0, "the cancelled run has ended");
+    let events = stream.rest().await;
+    let end = events.last().expect("events");
+    assert_eq!(end.name, "end", "{:?}", events.iter().map(|event| &event.name).collect::<Vec<_>>());
+    assert_eq!(end.data["status"], "cancelled", "{}", end.data);
+    let after = served.thread(ANYONE, &thread).await;
+    assert_eq!((after["status"].as_str(), after["resumable"].as_bool()), (Some("error"), Some(true)), "{after}");
+}
+
+#[tokio::test]
+async fn answers_never_carry_the_configurations_secrets_nor_server_paths() {
+    // "Prague" stands in for a secret: the scripted weather answer names it.
+    let redacting = ServerOptions { redact: Arc::new(|text: &str| text.replace("Prague", "***")), ..open() };
+    let served = serve(redacting).await;
+    let thread = served.create_thread(ANYONE).await;
+    let request = served.request(ANYONE, Method::POST, &format!("/threads/{thread}/runs/stream")).json(&json!({"input": QUESTION}));
+    let events = served.sse(request).await.rest().await;
+    let end = events.last().expect("events");
+    assert_eq!(end.name, "end");
+    let answer = end.data["result"]["response"].as_str().unwrap_or_default().to_owned();
+    assert!(answer.contains("***"), "the answer named the stand-in secret, redacted: {answer}");
+    for event in &events {
+        assert!(!event.data.to_string().contains("Prague"), "{} {}", event.name, event.data);
+    }
+    let state = served.state(ANYONE, &thread).await;
+    assert!(!state.to_string().contains("Prague"), "{state}");
+    let run_id = end.data["run_id"].as_str().unwrap();
+    let (_, run) = served.get(ANYONE, &format!("/threads/{thread}/runs/{run_id}")).await;
+    assert!(!run.to_string().contains("Prague") && run["result"]["response"] == answer.as_str(), "{run}");
+
+    // A plan approval names the plan files on the server's disk; no answer does.
+    let (status, asked) = served.post(ANYONE, &format!("/threads/{thread}/runs/wait"), &json!({"input": PLANNING})).await;
+    assert_eq!((status, asked["status"].as_str()), (200, Some("interrupted")), "{asked}");
+    let (_, history) = served.get(ANYONE, &format!("/threads/{thread}/history")).await;
+    let state = served.state(ANYONE, &thread).await;
+    for body in [&asked, &history, &state] {
+        let text = body.to_string();
+        assert!(!text.contains("pending_plans") && !text.contains("plan_file_path"), "{text}");
+    }
+    assert!(history.to_string().contains("execution_plan"), "the history still shows what was asked: {history}");
+}
+
+#[tokio::test]
+async fn urls_that_cannot_be_decoded_and_ids_past_the_end_are_json_400s() {
+    let served = serve(open()).await;
+    for path in ["/threads/%FF", "/threads/%C0/state", "/threads/%FF/runs/x"] {
+        let (status, body) = served.get(ANYONE, path).await;
+        assert_error(status, &body, 400, "invalid_request");
+    }
+    let thread = served.create_thread(ANYONE).await;
+    let run = served.run_to_end(ANYONE, &thread, &json!({"input": QUESTION})).await;
+    let run_id = run["run_id"].as_str().unwrap();
+    let all = served.follow(ANYONE, &thread, run_id, None).await.rest().await;
+    let last = all.last().expect("events").id;
+    let at_end = served.follow(ANYONE, &thread, run_id, Some(&last.to_string())).await.rest().await;
+    assert!(at_end.is_empty(), "nothing after the last event");
+    let (status, body) = served
+        .send(
+            served
+                .request(ANYONE, Method::GET, &format!("/threads/{thread}/runs/{run_id}/stream"))
+                .header("Last-Event-ID", (last + 1).to_string()),
+        )
+        .await;
+    assert_error(status, &body, 400, "invalid_request");
 }

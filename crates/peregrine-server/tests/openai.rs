@@ -170,6 +170,9 @@ async fn a_stream_has_role_status_lines_tokens_stop_and_usage() {
     }
     let text: String = with_choices.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
     let (status, answer) = text.split_once("\n\n").unwrap_or_else(|| panic!("status lines, a blank line, the answer: {text:?}"));
+    let mark = mark_in(status);
+    assert!(status.starts_with("> understanding the request…\u{2060}"), "a new conversation's mark ends the first status line: {status:?}");
+    let status = status.replace(&mark, "");
     assert!(status.lines().all(|line| line.starts_with("> ") && line.ends_with('…')), "{status:?}");
     assert!(status.contains("> planning…") && status.contains("> step 1/2 current_weather…"), "{status:?}");
     assert!(answer.starts_with("Here is the current weather.") && answer.contains("Weather in Prague"), "{answer:?}");
@@ -185,7 +188,8 @@ async fn a_stream_without_status_lines_or_usage_is_only_the_answer() {
     let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|event| serde_json::from_str(event).unwrap()).collect();
     assert!(chunks.iter().all(|chunk| chunk["choices"].as_array().is_some_and(|choices| choices.len() == 1)), "no usage chunk");
     let text: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
-    assert!(text.starts_with("Here is the current weather.") && text.contains("Weather in Prague"), "{text:?}");
+    let answer = text.strip_prefix(&mark_in(&text)).unwrap_or_else(|| panic!("a new conversation's mark comes first: {text:?}"));
+    assert!(answer.starts_with("Here is the current weather.") && answer.contains("Weather in Prague"), "{text:?}");
 }
 
 #[tokio::test]
@@ -263,6 +267,7 @@ async fn bad_requests_get_openai_errors() {
 
     let not_json = served.client.post(format!("{}/chat/completions", served.url)).body("{not json").send().await.unwrap();
     assert_eq!(not_json.status().as_u16(), 400);
+    assert_error(&not_json.json().await.unwrap(), Some("invalid_json"));
     assert_eq!(served.llm.chat_requests().len(), 0, "no turn ran");
 }
 
@@ -305,9 +310,10 @@ async fn a_busy_thread_is_refused_and_a_dropped_client_cancels_the_turn() {
     assert_eq!(first.status().as_u16(), 200);
     wait_until("respond's LLM call is held", async || served.calls(LlmCall::Respond) == 1).await;
 
-    let (status, busy) = served.chat(history.clone()).await;
-    assert_eq!(status, 409, "{busy}");
-    assert_error(&busy, Some("thread_busy"));
+    let busy = served.post(&json!({"model": MODEL, "messages": history})).send().await.unwrap();
+    assert_eq!(busy.status().as_u16(), 409);
+    assert_eq!(busy.headers()["x-should-retry"], "false", "the official clients must not send the turn again on their own");
+    assert_error(&busy.json().await.unwrap(), Some("thread_busy"));
 
     drop(first);
     // The held LLM call times out only after 30 s: a free thread well before that means the
@@ -352,8 +358,8 @@ async fn an_approval_recorded_by_a_cut_off_turn_is_finished_by_the_next_message(
         let interrupt = snapshot.meta.interrupt.clone().unwrap();
         let cancel = tokio_util::sync::CancellationToken::new();
         cancel.cancel();
-        let options = peregrine_agent::TurnOptions { events: None, cancel };
-        agent.answer_approval(&thread, &interrupt, true, None, options).await.unwrap();
+        let options = peregrine_graph::RunOptions { cancel, ..Default::default() };
+        agent.graph().resume(&thread, peregrine_graph::Resume::to(&interrupt, json!({"approved": true})), options).await.unwrap();
         assert!(agent.graph().get_state(&thread).await.unwrap().unwrap().meta.resume.is_some(), "an undelivered answer");
         // The next message on the conversation finishes the approved plan.
         let messages = json!([user(PLANNING), assistant(&content(&asked)), user("yes"), user("so?")]);
@@ -383,9 +389,17 @@ fn streamed_content(text: &str) -> String {
         .collect()
 }
 
-/// The invisible mark a first answer gets when another conversation had the same first exchange.
+/// Whether `c` is one of the characters of a new conversation's invisible mark.
 fn is_mark(c: char) -> bool {
     matches!(c, '\u{2060}' | '\u{200B}' | '\u{200C}')
+}
+
+/// The mark in `text`: U+2060 and the 64 bits that follow it.
+fn mark_in(text: &str) -> String {
+    let at = text.find('\u{2060}').unwrap_or_else(|| panic!("no mark in {text:?}"));
+    let mark: String = text[at..].chars().take(65).collect();
+    assert!(mark.chars().skip(1).all(|c| matches!(c, '\u{200B}' | '\u{200C}')) && mark.chars().count() == 65, "{mark:?}");
+    mark
 }
 
 #[tokio::test]
@@ -394,14 +408,14 @@ async fn two_chats_that_start_alike_are_two_conversations() {
     let (_, asked_a) = served.chat(json!([user(PLANNING)])).await;
     let (_, asked_b) = served.chat(json!([user(PLANNING)])).await;
     let (prompt_a, prompt_b) = (content(&asked_a), content(&asked_b));
-    assert!(prompt_a.contains("HUMAN APPROVAL REQUIRED") && !prompt_a.contains(is_mark), "{prompt_a:?}");
-    // The same question got the same answer (but for the thread each names): B's ends with an
-    // invisible mark, so that the two chats resend different histories.
-    assert!(prompt_b.ends_with(is_mark) && prompt_b.trim_end_matches(is_mark).len() == prompt_a.len(), "{prompt_b:?}");
+    assert!(prompt_a.contains("HUMAN APPROVAL REQUIRED") && prompt_b.contains("HUMAN APPROVAL REQUIRED"), "{prompt_a:?}");
+    // Each answer begins with its conversation's mark, and the two marks differ.
+    assert!(prompt_a.starts_with(&mark_in(&prompt_a)) && prompt_b.starts_with(&mark_in(&prompt_b)), "{prompt_a:?}");
+    assert_ne!(mark_in(&prompt_a), mark_in(&prompt_b));
     let threads = served.threads().await;
-    assert_eq!(threads.len(), 2, "each chat has its thread and no first-turn thread is left: {threads:?}");
-    // A prompt that names its plan file (the terminal's do) names that of the thread its chat
-    // continues on, and the file is there.
+    assert_eq!(threads.len(), 2, "each chat has its thread: {threads:?}");
+    // A prompt that names its plan file (the terminal's do) names that of its conversation's
+    // thread, and the file is there.
     for prompt in [&prompt_a, &prompt_b] {
         for path in prompt.split('`').filter(|part| part.ends_with("pending_execution_plan.json")) {
             let thread = path.split('/').rev().nth(1).unwrap();
@@ -417,6 +431,7 @@ async fn two_chats_that_start_alike_are_two_conversations() {
     let (status, done) = served.chat(json!([user(PLANNING), assistant(&prompt_a), user("yes")])).await;
     assert_eq!(status, 200, "{done}");
     assert!(content(&done).contains("Weather in Prague"), "{done}");
+    assert!(!content(&done).contains(is_mark), "only a conversation's first answer has a mark: {done}");
     assert_eq!(served.calls(LlmCall::CurrentWeather), 1, "only A's approved plan ran");
     assert_eq!(served.threads().await.len(), 2);
 }
@@ -438,35 +453,100 @@ async fn a_streamed_first_turn_is_continued_by_the_history_the_client_resends() 
 }
 
 #[tokio::test]
-async fn a_cut_off_first_turn_is_filed_under_what_the_client_got() {
+async fn the_mark_comes_first_and_never_begins_a_line() {
+    let served = serve(weather_script(), options()).await;
+    // With status lines: at the end of the first one, before its line break.
+    let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
+    let streamed = streamed_content(&served.post(&body).send().await.unwrap().text().await.unwrap());
+    let mark = mark_in(&streamed);
+    let first_line = streamed.lines().next().unwrap();
+    assert!(first_line.starts_with("> ") && first_line.ends_with(&mark), "{streamed:?}");
+    assert_eq!(streamed.matches('\u{2060}').count(), 1, "one mark: {streamed:?}");
+    assert!(streamed.lines().all(|line| !line.starts_with(is_mark)), "{streamed:?}");
+
+    // Without status lines: the stream's first content chunk, before any event of the turn.
+    let quiet = serve(weather_script(), ServerOptions { status_lines: false, ..options() }).await;
+    let events = sse_events(&quiet.post(&body).send().await.unwrap().text().await.unwrap());
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|event| serde_json::from_str(event).unwrap()).collect();
+    let first_content = chunks.iter().find_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).unwrap();
+    assert_eq!(first_content, mark_in(first_content), "{chunks:?}");
+    let text: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+    assert!(text.trim_start_matches(is_mark).starts_with("Here is the current weather."), "{text:?}");
+}
+
+#[tokio::test]
+async fn a_first_answer_stopped_early_continues_on_its_thread() {
     let held_answer = Reply::sequence(vec![Reply::fault(Fault::Timeout), answer_reply()]);
     let served = serve(with_weather_replies(Script::new().on_plain(held_answer)), options()).await;
     let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
     let mut response = served.post(&body).send().await.unwrap();
-    // Read until the last status line before respond's held call: nothing more comes after it.
+    // Read until the status line of respond's held call: nothing more comes after it.
     // Bytes, not text: a chunk may end inside a character.
     let mut received = Vec::new();
     while !streamed_content(&String::from_utf8_lossy(&received)).contains("respond…\n") {
         let chunk = tokio::time::timeout(Duration::from_secs(20), response.chunk()).await.expect("more of the stream").unwrap();
         received.extend_from_slice(&chunk.expect("the stream goes on"));
     }
-    let got = streamed_content(&String::from_utf8_lossy(&received));
-    let fresh = served.threads().await;
-    assert_eq!(fresh.len(), 1, "{fresh:?}");
-    drop(response);
-    wait_until("the cancelled first turn is filed", async || {
-        let threads = served.threads().await;
-        threads.len() == 1 && threads != fresh
-    })
-    .await;
-
-    // The client resends what it got: the conversation goes on where the turn was cut off.
-    let (status, answered) = served.chat(json!([user(QUESTION), assistant(&got), user(QUESTION)])).await;
-    assert_eq!(status, 200, "{answered}");
-    assert!(content(&answered).contains("Weather in Prague"), "{answered}");
+    let streamed = streamed_content(&String::from_utf8_lossy(&received));
     let threads = served.threads().await;
     assert_eq!(threads.len(), 1, "{threads:?}");
+    drop(response);
+
+    // The client kept less than was sent (it stopped reading after the first line): the mark
+    // came first, so the conversation goes on where the turn was cut off.
+    let kept = streamed.split_inclusive('\n').next().unwrap();
+    assert!(kept.contains('\u{2060}'), "{kept:?}");
+    let history = json!([user(QUESTION), assistant(kept), user(QUESTION)]);
+    let mut answered = (0, Value::Null);
+    wait_until("the cancelled first turn frees its thread", async || {
+        answered = served.chat(history.clone()).await;
+        answered.0 != 409
+    })
+    .await;
+    assert_eq!(answered.0, 200, "{}", answered.1);
+    assert!(content(&answered.1).contains("Weather in Prague"), "{}", answered.1);
+    assert_eq!(served.threads().await, threads, "the same thread");
     assert_eq!(served.user_messages(&threads[0]).await, 2);
+}
+
+#[tokio::test]
+async fn an_answer_without_its_mark_continues_from_the_second_turn() {
+    let served = serve(weather_script(), options()).await;
+    let (_, first) = served.chat(json!([user(QUESTION)])).await;
+    // A client that drops invisible characters resends the answer without its mark.
+    let stripped = content(&first).replace(is_mark, "");
+    let first_threads = served.threads().await;
+    let (status, second) = served.chat(json!([user(QUESTION), assistant(&stripped), user("And in Prague?")])).await;
+    assert_eq!(status, 200, "{second}");
+    assert!(!content(&second).contains(is_mark));
+    let threads = served.threads().await;
+    assert_eq!(threads.len(), 2, "the first turn's thread is not found: {threads:?}");
+    let fallback = threads.iter().find(|id| !first_threads.contains(id)).unwrap().clone();
+    let history = json!([
+        user(QUESTION),
+        assistant(&format!("  {stripped}\n")),
+        user("And in Prague?"),
+        assistant(&content(&second)),
+        user("Thanks. And now?")
+    ]);
+    let (status, third) = served.chat(history).await;
+    assert_eq!(status, 200, "{third}");
+    assert_eq!(served.threads().await.len(), 2, "the third turn found the second's thread");
+    assert_eq!(served.user_messages(&fallback).await, 2, "the second and the third turn");
+}
+
+#[tokio::test]
+async fn an_answer_cut_off_and_retried_is_shown_once_after_a_note() {
+    let cut = Reply::text("The weather in Prague is currently rather").with_fault(Fault::TruncatedStream { after_chunks: 3 });
+    let served = serve(with_weather_replies(Script::new().on_plain(Reply::sequence(vec![cut, answer_reply()]))), options()).await;
+    let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
+    let streamed = streamed_content(&served.post(&body).send().await.unwrap().text().await.unwrap());
+    assert_eq!(served.calls(LlmCall::Respond), 2, "the cut answer was asked for again");
+    let (before, after) = streamed.split_once("\n\n_(the answer was cut off)_\n\n").unwrap_or_else(|| panic!("the note: {streamed:?}"));
+    assert!(before.ends_with("The weather ") || before.ends_with("The "), "what was sent before the cut stays: {before:?}");
+    assert!(after.starts_with("Here is the current weather.") && after.contains("Weather in Prague"), "{after:?}");
+    assert_eq!(streamed.matches("Here is the current weather.").count(), 1, "the answer once: {streamed:?}");
+    assert!(!streamed.contains("rather"), "{streamed:?}");
 }
 
 #[tokio::test]
@@ -500,14 +580,63 @@ async fn open_webui_background_tasks_are_one_llm_call_on_no_thread() {
     assert_eq!(chunks.last().unwrap()["usage"]["total_tokens"], 33);
     assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], "stop");
 
+    // A model with a system prompt set in Open WebUI gets it in its task requests too.
+    let tags = json!({"model": MODEL, "messages": [{"role": "system", "content": "You are Peregrine."}, user(prompt)]});
+    let response = served.post(&tags).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(content(&response.json().await.unwrap()), TITLE);
+
     let requests = served.llm.chat_requests();
-    assert_eq!(requests.len(), 2, "one LLM call each, no agent turn: {requests:?}");
-    assert_eq!(requests[0].messages(), [("user".to_owned(), prompt.to_owned())], "the messages as they are");
-    assert_eq!(
-        requests[1].messages(),
-        [("system".to_owned(), "Be brief.".to_owned()), ("user".to_owned(), "Summarize the chat so far.".to_owned())]
-    );
+    assert_eq!(requests.len(), 3, "one LLM call each, no agent turn: {requests:?}");
+    let only = |text: &str| vec![("user".to_owned(), text.to_owned())];
+    assert_eq!(requests[0].messages(), only(prompt), "the prompt as it is");
+    assert_eq!(requests[1].messages(), only("Summarize the chat so far."), "the prompt alone, no caller's system message");
+    assert_eq!(requests[2].messages(), only(prompt));
     assert!(served.threads().await.is_empty(), "no thread was read or written");
+}
+
+#[tokio::test]
+async fn a_question_with_retrieved_context_is_a_turn_and_a_task_prompt_with_a_history_too() {
+    let served = serve(weather_script(), options()).await;
+    // Open WebUI's RAG template before the user's question (a file, knowledge or a web search).
+    let rag = format!(
+        "### Task:\nRespond to the user query using the provided context, incorporating inline citations in the format [id] \
+         **only when the <source> tag includes an explicit id attribute** (e.g., <source id=\"1\">).\n\n### Guidelines:\n- If you \
+         don't know the answer, clearly state that.\n\n<context>\n<source id=\"1\">Prague lies on the Vltava.</source>\n</context>\n\
+         {QUESTION}"
+    );
+    let (status, answered) = served.chat(json!([user(&rag)])).await;
+    assert_eq!(status, 200, "{answered}");
+    assert!(content(&answered).contains("Weather in Prague"), "the agent answered: {answered}");
+    assert_eq!(served.calls(LlmCall::TaskExtraction), 1);
+    let threads = served.threads().await;
+    assert_eq!(threads.len(), 1, "{threads:?}");
+
+    // Its follow-up, RAG-wrapped again, continues the conversation.
+    let (status, again) = served.chat(json!([user(QUESTION), assistant(&content(&answered)), user(&rag)])).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(served.threads().await, threads);
+    assert_eq!(served.user_messages(&threads[0]).await, 2);
+
+    // `### Task:` in a conversation's later message is that conversation's turn.
+    let history = json!([user(QUESTION), assistant(&content(&answered)), user("### Task:\nWhat's the weather in Prague?")]);
+    let (status, turn) = served.chat(history).await;
+    assert_eq!(status, 200, "{turn}");
+    assert_eq!(served.calls(LlmCall::TaskExtraction), 3, "three turns");
+    assert_eq!(served.user_messages(&threads[0]).await, 3);
+}
+
+#[tokio::test]
+async fn a_background_tasks_answer_is_cut_at_its_limit() {
+    let endless: Vec<String> = (0..1500).map(|piece| format!("w{piece} ")).collect();
+    let script = Script::new().on_prompt_containing("### Task:", Reply::text(endless.concat()).with_chunks(endless.clone()));
+    let served = serve(with_weather_replies(script), options()).await;
+    let (status, body) = served.chat(json!([user("### Task:\nGenerate 1-3 broad tags categorizing the main themes.")])).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+    let text = content(&body);
+    assert!(text.starts_with("w0 w1 ") && text.ends_with("w1023 "), "the first 1,024 pieces: {}", &text[text.len().saturating_sub(40)..]);
+    assert!(body["usage"]["completion_tokens"].as_u64().is_some_and(|tokens| tokens >= 1024), "{}", body["usage"]);
 }
 
 #[tokio::test]
@@ -548,8 +677,9 @@ async fn lenient_fields_are_ignored_and_unanswerable_options_refused() {
         let response = served.post(&body).send().await.unwrap();
         assert_eq!(response.status().as_u16(), 200, "user {user_field} is ignored");
     }
-    // A system message after the user's (Open WebUI adds context that way): the user's message is the input.
-    let (status, body) = served.chat(json!([user(QUESTION), {"role": "system", "content": "Context: none."}])).await;
+    // System and developer messages after the user's (Open WebUI adds context that way): the user's message is the input.
+    let trailing = json!([user(QUESTION), {"role": "system", "content": "Context: none."}, {"role": "developer", "content": "Be brief."}]);
+    let (status, body) = served.chat(trailing).await;
     assert_eq!(status, 200, "{body}");
     assert!(content(&body).contains("Weather in Prague"), "{body}");
     let before = served.llm.chat_requests().len();

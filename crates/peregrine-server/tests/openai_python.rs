@@ -15,9 +15,9 @@ use peregrine_agent::Agent;
 use peregrine_core::state::Role;
 use peregrine_llm::Secret;
 use peregrine_server::{ServerOptions, router};
-use peregrine_testkit::agent_fixture::{LlmCall, call_counts, weather_agent, weather_script};
-use peregrine_testkit::llm_server::ScriptedLlmServer;
-use serde_json::Value;
+use peregrine_testkit::agent_fixture::{LlmCall, answer_reply, call_counts, weather_agent, weather_script, with_weather_replies};
+use peregrine_testkit::llm_server::{Fault, Reply, Script, ScriptedLlmServer};
+use serde_json::{Value, json};
 
 const MODEL: &str = "peregrine-weather";
 const API_KEY: &str = "sk-python-client-test";
@@ -25,6 +25,8 @@ const API_KEY: &str = "sk-python-client-test";
 const OPENAI_VERSION: &str = "3.51.0";
 /// Bounds one run of the script; each of its requests has its own 60 s client timeout.
 const SCRIPT_LIMIT: Duration = Duration::from_secs(180);
+/// The `X-Session-Id` of the conversation the `busy` check finds running (client_checks.py's BUSY_SESSION).
+const BUSY_SESSION: &str = "python-client-busy";
 
 struct Served {
     url: String,
@@ -51,7 +53,11 @@ impl Served {
 }
 
 async fn serve() -> Served {
-    let llm = ScriptedLlmServer::start(weather_script()).await;
+    serve_with(weather_script()).await
+}
+
+async fn serve_with(script: Script) -> Served {
+    let llm = ScriptedLlmServer::start(script).await;
     let dir = tempfile::tempdir().unwrap();
     let agent = weather_agent(&llm.base_url(), 30.0, &dir.path().join("checkpoints.db"), &dir.path().join("data")).await.unwrap();
     let agent = Arc::new(agent);
@@ -274,4 +280,40 @@ async fn the_client_gets_a_background_task_answered_without_a_turn() {
     assert_usage(&observed["stream_usage"]);
     assert_eq!(served.llm.chat_requests().len(), 2, "one model call per request");
     assert!(served.threads().await.is_empty(), "no thread was touched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_does_not_send_a_message_for_a_busy_conversation_again() {
+    if !openai_client_available() {
+        return;
+    }
+    // Respond's first call is held (until the provider's 30 s timeout): the turn keeps running.
+    let held_answer = Reply::sequence(vec![Reply::fault(Fault::Timeout), answer_reply()]);
+    let served = serve_with(with_weather_replies(Script::new().on_plain(held_answer))).await;
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "What's the weather in Prague?"}], "stream": true});
+    let running = reqwest::Client::new()
+        .post(format!("{}/chat/completions", served.url))
+        .bearer_auth(API_KEY)
+        .header("X-Session-Id", BUSY_SESSION)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(running.status().as_u16(), 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while served.calls(LlmCall::Respond) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "respond was never called: {:?}", call_counts(&served.llm.chat_requests()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let observed = run_check(&served, "busy").await;
+    let busy = &observed["busy"];
+    assert_eq!(
+        (busy["error"].as_str(), busy["status_code"].as_u64(), busy["code"].as_str()),
+        (Some("ConflictError"), Some(409), Some("thread_busy")),
+        "{observed}"
+    );
+    assert_eq!((observed["max_retries"].as_u64(), observed["requests"].as_u64()), (Some(2), Some(1)), "sent once: {observed}");
+    assert_eq!(served.calls(LlmCall::TaskExtraction), 1, "one turn ran: {:?}", call_counts(&served.llm.chat_requests()));
+    drop(running);
 }

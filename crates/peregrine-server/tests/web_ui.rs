@@ -2,8 +2,11 @@
 //! about San Francisco), served by `router()` on 127.0.0.1 with an API key, and
 //! `tests/python/web_ui_check.py` driving the page at `/` in headless Chromium through Playwright:
 //! the key field, a thread, a streamed answer with its live plan, a plan approval in planning
-//! mode, the thread list, a stream cut mid-answer and followed again with `Last-Event-ID`, a
-//! reload. Needs Debian's Chromium and the pinned Playwright client
+//! mode answered with the buttons and then by typing `yes` (planning mode still ticked), the
+//! thread list, a stream cut mid-answer and followed again with `Last-Event-ID`, a long answer
+//! ([`LONG_ANSWER_PIECES`] token events), a message sent right after a thread is picked (while
+//! its state loads), a step waiting for an approval, a refused run, a thread busy with a run the
+//! page does not follow, a reload. Needs Debian's Chromium and the pinned Playwright client
 //! (`bash scripts/install-browser-deps.sh`); without them the test fails, it never skips.
 //! The screenshot lands in `<workspace>/target/test-artifacts/web_ui.png`.
 
@@ -17,9 +20,11 @@ use std::time::Duration;
 use peregrine_llm::Secret;
 use peregrine_server::{ServerOptions, router};
 use peregrine_testkit::agent_fixture::{
-    EXECUTION_PLAN, EXTRACTED_TASK, LlmCall, call_counts, extracted_task, weather_agent, weather_plan, with_weather_replies,
+    EXECUTION_PLAN, EXTRACTED_TASK, LlmCall, call_counts, extracted_task, is_error_analysis, weather_agent, weather_plan,
+    with_weather_replies,
 };
-use peregrine_testkit::llm_server::{Reply, Script, ScriptedLlmServer};
+use peregrine_testkit::llm_server::{RecordedRequest, Reply, Script, ScriptedLlmServer};
+use sha2::{Digest, Sha256};
 
 const MODEL: &str = "peregrine-weather";
 const API_KEY: &str = "sk-web-ui-test";
@@ -28,10 +33,37 @@ const INSTALL_HINT: &str = "run `bash scripts/install-browser-deps.sh` (CI runs 
 /// Bounds one run of the script; each of its waits has its own timeout of at most 60 s.
 const SCRIPT_LIMIT: Duration = Duration::from_secs(300);
 
-/// Every call of a weather turn answered, about San Francisco.
+/// The script's question that gets the long answer contains this (so does its extracted task,
+/// which respond's prompt carries).
+const LONG_MARK: &str = "long report";
+/// How many token events the long answer streams.
+const LONG_ANSWER_PIECES: usize = 2_600;
+/// The long answer's last piece.
+const LONG_ANSWER_END: &str = "LONG-ANSWER-END.";
+
+/// The long answer in [`LONG_ANSWER_PIECES`] pieces: numbered words, a line break every 40,
+/// [`LONG_ANSWER_END`] last.
+fn long_answer_pieces() -> Vec<String> {
+    let mut pieces: Vec<String> =
+        (1..LONG_ANSWER_PIECES).map(|index| format!("w{index}{}", if index % 40 == 0 { "\n" } else { " " })).collect();
+    pieces.push(LONG_ANSWER_END.to_owned());
+    pieces
+}
+
+/// Every call of a weather turn answered, about San Francisco; a question with [`LONG_MARK`]
+/// gets the long answer.
 fn san_francisco_script() -> Script {
+    let asks_long = |request: &RecordedRequest| request.prompt_text().contains(LONG_MARK);
     with_weather_replies(
         Script::new()
+            .on_request(
+                move |request| request.schema_name.as_deref() == Some(EXTRACTED_TASK) && asks_long(request),
+                Reply::json(extracted_task("Get a long report on the current weather in San Francisco")),
+            )
+            .on_request(
+                move |request| request.schema_name.is_none() && !is_error_analysis(request) && asks_long(request),
+                Reply::text("").with_chunks(long_answer_pieces()),
+            )
             .on_schema(EXTRACTED_TASK, Reply::json(extracted_task("Get the current weather in San Francisco")))
             .on_schema(EXECUTION_PLAN, Reply::json(weather_plan("San Francisco", "san_francisco_weather"))),
     )
@@ -92,7 +124,8 @@ fn assert_browser_installed() {
     }
 }
 
-/// Runs `web_ui_check.py <base_url> <key> <screenshot>`, prints its output, asserts it succeeded.
+/// Runs `web_ui_check.py <base_url> <key> <screenshot> <long answer pieces> <long answer end>`,
+/// prints its output, asserts it succeeded.
 async fn run_browser_check(served: &Served, screenshot: &Path) {
     let out = tempfile::tempdir().unwrap();
     let (stdout_path, stderr_path) = (out.path().join("stdout"), out.path().join("stderr"));
@@ -101,6 +134,7 @@ async fn run_browser_check(served: &Served, screenshot: &Path) {
         .arg(script())
         .args([served.base_url.as_str(), API_KEY])
         .arg(screenshot)
+        .args([LONG_ANSWER_PIECES.to_string().as_str(), LONG_ANSWER_END])
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&stdout_path).unwrap())
         .stderr(std::fs::File::create(&stderr_path).unwrap())
@@ -144,8 +178,63 @@ async fn the_web_ui_runs_a_turn_and_a_plan_approval_in_chromium() {
     eprintln!("screenshot: {}", screenshot.display());
     assert!(std::fs::metadata(&screenshot).is_ok_and(|meta| meta.len() > 0), "no screenshot at {}", screenshot.display());
 
-    // Three questions: plain, in planning mode (approved), plain with its stream cut and followed again.
-    assert_eq!(served.calls(LlmCall::Orchestrator), 3, "one plan per question; the approved plan runs without planning again");
-    assert_eq!(served.calls(LlmCall::CurrentWeather), 3, "the weather step ran once per question");
-    assert_eq!(served.calls(LlmCall::Respond), 3, "one streamed answer per question; a reconnect runs nothing again");
+    // Six questions: plain, in planning mode (approved with the button), in planning mode
+    // (approved by typing yes), plain with its stream cut and followed again, the long answer, and
+    // the one sent right after picking the thread. The page's synthetic runs reach no LLM.
+    assert_eq!(served.calls(LlmCall::Orchestrator), 6, "one plan per question; an approved plan runs without planning again");
+    assert_eq!(served.calls(LlmCall::CurrentWeather), 6, "the weather step ran once per question");
+    assert_eq!(served.calls(LlmCall::Respond), 6, "one streamed answer per question; a reconnect runs nothing again");
+    assert_eq!(served.calls(LlmCall::Other), 0, "typing yes answers the approval without asking the LLM what it means");
+}
+
+#[test]
+fn the_long_answer_is_as_many_pieces_as_announced() {
+    let pieces = long_answer_pieces();
+    assert_eq!(pieces.len(), LONG_ANSWER_PIECES);
+    assert!(pieces.concat().ends_with(LONG_ANSWER_END));
+    assert!(pieces.concat().contains("w40\nw41 "));
+}
+
+/// Standard base64 with padding (RFC 4648), as CSP hash sources are written.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let mut padded = [0u8; 3];
+        padded[..chunk.len()].copy_from_slice(chunk);
+        let sextets =
+            [padded[0] >> 2, (padded[0] & 0b11) << 4 | padded[1] >> 4, (padded[1] & 0b1111) << 2 | padded[2] >> 6, padded[2] & 0b11_1111];
+        for (index, sextet) in sextets.into_iter().enumerate() {
+            out.push(if index <= chunk.len() { char::from(ALPHABET[usize::from(sextet)]) } else { '=' });
+        }
+    }
+    out
+}
+
+/// The page's CSP allows its one inline script by the SHA-256 of its text, not with
+/// `'unsafe-inline'`; checked against the page as it is in the tree, so that an edit of the page
+/// that the policy does not follow fails here (and not only as a blank page in a browser).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_csp_allows_exactly_the_pages_inline_script() {
+    assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    assert_eq!(base64(b"fooba"), "Zm9vYmE=");
+    assert_eq!(base64(&[0xfb, 0xff, 0xfe, 0x01]), "+//+AQ==");
+
+    let html = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ui/index.html")).unwrap();
+    assert_eq!(html.matches("<script").count(), 1, "the page has one inline script, the one its CSP allows");
+    let start = html.find("<script>").expect("a <script> element without attributes") + "<script>".len();
+    let end = start + html[start..].find("</script>").expect("the script ends");
+    let hash = base64(&Sha256::digest(&html.as_bytes()[start..end]));
+
+    let served = serve().await;
+    let page = reqwest::get(format!("{}/", served.base_url)).await.unwrap();
+    assert_eq!(page.status().as_u16(), 200);
+    let csp = page.headers().get("content-security-policy").map(|value| value.to_str().unwrap().to_owned()).unwrap_or_default();
+    assert_eq!(page.text().await.unwrap(), html, "the page served is the page in the tree");
+    let directives: Vec<&str> = csp.split(';').map(str::trim).collect();
+    assert!(directives.contains(&"default-src 'none'"), "{csp}");
+    assert!(
+        directives.contains(&format!("script-src 'sha256-{hash}'").as_str()),
+        "the CSP's script-src is not exactly the hash of the page's inline script ('sha256-{hash}'): {csp}"
+    );
 }

@@ -113,6 +113,10 @@ impl Checkpointer for BothLoadFirst {
     async fn lock_thread(&self, thread_id: &str) -> Result<ThreadLock, CheckpointError> {
         self.inner.lock_thread(thread_id).await
     }
+
+    async fn is_thread_locked(&self, thread_id: &str) -> Result<bool, CheckpointError> {
+        self.inner.is_thread_locked(thread_id).await
+    }
 }
 
 /// Two "processes": graphs over separately opened handles on the file at `path`, optionally gated

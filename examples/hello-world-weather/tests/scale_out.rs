@@ -537,3 +537,82 @@ async fn a_process_killed_mid_turn_leaves_the_thread_resumable_on_the_other() {
     assert_eq!((&shown["status"], &shown["resumable"]), (&json!("idle"), &json!(false)), "{shown}");
     cluster.shutdown().await;
 }
+
+/// A chat completion without conversation headers, as Open WebUI sends one by default (must be
+/// 200): the answer's content.
+async fn chat_without_headers(node: &Node, messages: Value) -> String {
+    let body = json!({"model": "hello-world-weather", "messages": messages});
+    let (status, answer) = node.request(reqwest::Method::POST, "/v1/chat/completions", Some(&body), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{}: chat completion: {answer}\n{}", node.name, node.log());
+    answer["choices"][0]["message"]["content"].as_str().expect("content").to_owned()
+}
+
+/// The ids of the caller's OpenAI-compatible conversations, as `node` lists them.
+async fn conversations(node: &Node) -> Vec<String> {
+    let (status, listed) = node.get("/threads").await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    listed
+        .as_array()
+        .expect("threads")
+        .iter()
+        .filter_map(|thread| thread["thread_id"].as_str().filter(|id| id.starts_with("oai-")).map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_conversation_without_headers_continues_on_the_other_process() {
+    let Some(cluster) = Cluster::start(weather_script(), weather_script()).await else { return };
+    let Cluster { a, b, llm_a, llm_b } = &cluster;
+    let questions = [format!("{QUESTION} (first)"), format!("{QUESTION} (second)"), format!("{QUESTION} (third)")];
+    let user = |text: &str| json!({"role": "user", "content": text});
+    let assistant = |text: &str| json!({"role": "assistant", "content": text});
+
+    // The first turn on A: its answer carries the conversation's mark; the rest of the
+    // conversation is found from the history alone, on whichever process answers.
+    let first = chat_without_headers(a, json!([user(&questions[0])])).await;
+    assert!(first.starts_with('\u{2060}') && first.contains("Weather in Prague"), "{first:?}");
+    let second = chat_without_headers(b, json!([user(&questions[0]), assistant(&first), user(&questions[1])])).await;
+    assert!(second.contains("Weather in Prague") && !second.contains('\u{2060}'), "{second:?}");
+    let history = json!([user(&questions[0]), assistant(&first), user(&questions[1]), assistant(&second), user(&questions[2])]);
+    let third = chat_without_headers(a, history).await;
+    assert!(third.contains("Weather in Prague"), "{third:?}");
+
+    let threads = conversations(b).await;
+    assert_eq!(threads.len(), 1, "one conversation, one thread: {threads:?}");
+    assert_eq!(conversations(a).await, threads);
+    assert_eq!(user_texts(&b.state(&threads[0]).await), questions, "every turn on the first turn's thread");
+    assert_eq!((calls(llm_a, LlmCall::TaskExtraction), calls(llm_b, LlmCall::TaskExtraction)), (2, 1));
+    let b_prompt = task_extraction_prompts(llm_b).pop().expect("B's task extraction");
+    assert!(b_prompt.contains(&questions[0]), "B's turn sees A's first turn: {b_prompt}");
+    let a_third = task_extraction_prompts(llm_a).pop().expect("A's second task extraction");
+    assert!(a_third.contains(&questions[1]), "A's third turn sees B's: {a_third}");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_conversation_whose_mark_was_dropped_is_found_by_both_processes_from_its_second_turn() {
+    let Some(cluster) = Cluster::start(weather_script(), weather_script()).await else { return };
+    let Cluster { a, b, llm_a, .. } = &cluster;
+    let questions = [format!("{QUESTION} (one)"), format!("{QUESTION} (two)"), format!("{QUESTION} (three)")];
+    let user = |text: &str| json!({"role": "user", "content": text});
+    let assistant = |text: &str| json!({"role": "assistant", "content": text});
+    let invisible = |c: char| matches!(c, '\u{2060}' | '\u{200B}' | '\u{200C}');
+
+    // A client that drops invisible characters resends the first answer without its mark.
+    let first = chat_without_headers(a, json!([user(&questions[0])])).await.replace(invisible, "");
+    let second = chat_without_headers(b, json!([user(&questions[0]), assistant(&first), user(&questions[1])])).await;
+    let history = json!([user(&questions[0]), assistant(&first), user(&questions[1]), assistant(&second), user(&questions[2])]);
+    chat_without_headers(a, history).await;
+
+    let threads = conversations(a).await;
+    assert_eq!(threads.len(), 2, "the first turn's thread, and the one the history derives: {threads:?}");
+    let mut turns: Vec<Vec<String>> = Vec::new();
+    for thread in &threads {
+        turns.push(user_texts(&b.state(thread).await));
+    }
+    turns.sort();
+    assert_eq!(turns, [vec![questions[0].clone()], vec![questions[1].clone(), questions[2].clone()]], "{threads:?}");
+    let a_third = task_extraction_prompts(llm_a).pop().expect("A's second task extraction");
+    assert!(a_third.contains(&questions[1]), "A's turn found the thread B's turn derived: {a_third}");
+    cluster.shutdown().await;
+}

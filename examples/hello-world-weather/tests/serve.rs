@@ -1,6 +1,7 @@
-//! `hello-world-weather serve` end to end: the real binary in a temp project, serving the
-//! OpenAI-compatible API against the scripted LLM server; the address it prints, bearer keys
-//! from config.yml, a chat completion, and the refusal to serve the network without keys.
+//! `hello-world-weather serve` end to end: the real binary in a temp project, serving against the
+//! scripted LLM server; the address it prints, bearer keys from config.yml, a chat completion, the
+//! web UI page, a native run, a clean stop on SIGINT, and the refusal to serve the network
+//! without keys.
 
 #![allow(clippy::expect_used, reason = "test helpers report failures by panicking")]
 
@@ -42,12 +43,14 @@ fn command(dir: &Path, args: &[&str]) -> Command {
 }
 
 /// Kills the server when the test ends, however it ends.
-struct Server(Child);
+struct Server(Option<Child>);
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -57,7 +60,7 @@ async fn serve_answers_openai_requests_with_the_configured_key() {
     let dir = project(&llm.base_url());
     let mut child = command(dir.path(), &["serve", "--port", "0"]).spawn().expect("serve starts");
     let stdout = child.stdout.take().expect("stdout");
-    let server = Server(child);
+    let mut server = Server(Some(child));
     let address = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).expect("the address line");
@@ -89,7 +92,44 @@ async fn serve_answers_openai_requests_with_the_configured_key() {
     let content = answer["choices"][0]["message"]["content"].as_str().expect("content");
     assert!(content.contains("Weather in Prague"), "{answer}");
     assert_eq!(answer["choices"][0]["finish_reason"], "stop");
-    drop(server);
+
+    // The web UI and the native API are served too.
+    let page = client.get(format!("{address}/")).send().await.expect("request");
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.expect("page").to_lowercase().starts_with("<!doctype html"));
+    let thread: Value = client
+        .post(format!("{address}/threads"))
+        .bearer_auth(SERVE_KEY)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("JSON");
+    let thread_id = thread["thread_id"].as_str().expect("thread id");
+    let run: Value = client
+        .post(format!("{address}/threads/{thread_id}/runs/wait"))
+        .bearer_auth(SERVE_KEY)
+        .json(&json!({"input": "What's the weather in Prague?"}))
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(run["status"], "success", "{run}");
+
+    // Ctrl-C with nothing running stops at once, cleanly.
+    let mut child = server.0.take().expect("the server");
+    let interrupted = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill runs");
+    assert!(interrupted.success());
+    let status = tokio::time::timeout(std::time::Duration::from_secs(30), tokio::task::spawn_blocking(move || child.wait()))
+        .await
+        .expect("serve stops within 30 s of SIGINT")
+        .expect("joined")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0), "{status:?}");
     llm.shutdown().await;
 }
 

@@ -17,6 +17,18 @@ const LOCAL_RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 const LOCK_SQL: &str = "SELECT k, pg_try_advisory_lock(k) FROM (SELECT hashtextextended($1::text, 0) AS k) AS key";
 const UNLOCK_SQL: &str = "SELECT pg_advisory_unlock($1::bigint)";
+/// Whether any session of this database holds a lock on the thread's key: a single-key advisory
+/// lock shows in `pg_locks` with the key's high 32 bits as `classid`, its low ones as `objid` and
+/// `objsubid = 1`. Reading `pg_locks` takes no advisory lock, so a probe never makes a `lock_thread` fail.
+const PROBE_SQL: &str = "
+SELECT EXISTS (
+    SELECT 1 FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND classid = ((key.k >> 32) & 4294967295)::oid
+      AND objid = (key.k & 4294967295)::oid
+)
+FROM (SELECT hashtextextended($1::text, 0) AS k) AS key";
 
 impl PostgresCheckpointer {
     /// The advisory-lock key `lock_thread` uses for a thread, for finding its holder in `pg_locks`
@@ -60,6 +72,23 @@ impl PostgresCheckpointer {
             return Err(CheckpointError::ThreadBusy { thread_id: thread_id.to_owned() });
         }
         Ok(ThreadLock::new(HeldThread { connection, key, claim: Some(claim) }))
+    }
+
+    /// Whether the thread's lock is held, by this instance or any other session on the database
+    /// (what [`Checkpointer::is_thread_locked`](peregrine_graph::Checkpointer::is_thread_locked)
+    /// does here). A thread this instance holds or is locking is answered without a round trip;
+    /// otherwise one query on a pooled query connection (never a lock connection) reads
+    /// `pg_locks`, so a lock this instance is still releasing counts until the server has
+    /// released it.
+    pub(super) async fn probe_thread_lock(&self, thread_id: &str) -> Result<bool, CheckpointError> {
+        const OPERATION: &str = "check a thread lock";
+        if self.local_locks.holds(thread_id) {
+            return Ok(true);
+        }
+        let client = self.client(OPERATION).await?;
+        let statement = client.prepare_cached(PROBE_SQL).await.map_err(backend(OPERATION))?;
+        let row = client.query_one(&statement, &[&self.lock_name(thread_id)]).await.map_err(backend(OPERATION))?;
+        row.try_get(0).map_err(backend(OPERATION))
     }
 }
 
@@ -171,6 +200,11 @@ impl LocalLocks {
                 return Err(CheckpointError::ThreadBusy { thread_id: thread_id.to_owned() });
             }
         }
+    }
+
+    /// Whether this instance holds the thread, or is taking its lock now (not while releasing it).
+    fn holds(&self, thread_id: &str) -> bool {
+        matches!(self.entries.lock().unwrap_or_else(PoisonError::into_inner).get(thread_id), Some(LocalState::Held))
     }
 
     fn remove(&self, thread_id: &str) {

@@ -21,7 +21,8 @@
 //! ends because the process died. Keys are 64-bit `hashtextextended` hashes of the schema and the
 //! thread id, so two threads can share a key: a collision makes a run see a false "busy" (never a
 //! missed exclusion), with odds of about n²/2⁶⁵ for n threads locked at once. Other applications
-//! using single-key advisory locks in the same database share the key space.
+//! using single-key advisory locks in the same database share the key space. `is_thread_locked`
+//! reads `pg_locks` for the key instead of trying the lock, so probing never makes a run busy.
 //!
 //! Connections are unencrypted (`NoTls`): point it at a server on a trusted network or loopback.
 
@@ -484,5 +485,9 @@ impl Checkpointer for PostgresCheckpointer {
 
     async fn lock_thread(&self, thread_id: &str) -> Result<ThreadLock, CheckpointError> {
         self.acquire_thread_lock(thread_id).await
+    }
+
+    async fn is_thread_locked(&self, thread_id: &str) -> Result<bool, CheckpointError> {
+        self.probe_thread_lock(thread_id).await
     }
 }

@@ -4,7 +4,7 @@
 Usage: client_checks.py BASE_URL API_KEY CHECK
   BASE_URL  the API root, e.g. http://127.0.0.1:8080/v1
   API_KEY   a key the server accepts
-  CHECK     one of: models, nonstream, stream, approval, approval_stream, two_chats, task, errors
+  CHECK     one of: models, nonstream, stream, approval, approval_stream, two_chats, task, errors, busy
 
 Each check prints one JSON line with what it observed and exits 0, or prints
 `client_checks.py CHECK: what went wrong` to stderr and exits 1 (2 for a usage error).
@@ -21,6 +21,8 @@ import openai
 QUESTION = "What's the weather in Prague?"
 PLANNING = "/planning What's the weather in Prague?"
 APPROVAL_MARKER = "HUMAN APPROVAL REQUIRED"
+# The conversation whose turn the test holds running during the `busy` check.
+BUSY_SESSION = "python-client-busy"
 
 
 class CheckFailed(Exception):
@@ -231,6 +233,24 @@ def check_errors(client, api_key):
     return observed
 
 
+def check_busy(client, api_key):
+    """A message for a conversation whose turn still runs (the test holds it): a 409 that the
+    client, which retries 409s by default, does not send again (the server says x-should-retry: false)."""
+    model = served_model(client)
+    sent = []
+    http_client = openai.DefaultHttpxClient(event_hooks={"request": [lambda request: sent.append(request.url.path)]})
+    retrying = openai.OpenAI(base_url=str(client.base_url), api_key=api_key, max_retries=2, timeout=60.0, http_client=http_client)
+    busy = expect_error(
+        openai.ConflictError,
+        lambda: retrying.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": QUESTION}], extra_headers={"X-Session-Id": BUSY_SESSION}
+        ),
+    )
+    posts = [path for path in sent if path.endswith("/chat/completions")]
+    expect(len(posts) == 1, f"the client sent the refused request {len(posts)} times, not once")
+    return {"busy": busy, "max_retries": retrying.max_retries, "requests": len(posts)}
+
+
 CHECKS = {
     "models": check_models,
     "nonstream": check_nonstream,
@@ -240,6 +260,7 @@ CHECKS = {
     "two_chats": check_two_chats,
     "task": check_task,
     "errors": check_errors,
+    "busy": check_busy,
 }
 
 

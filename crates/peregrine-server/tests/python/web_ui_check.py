@@ -1,16 +1,25 @@
 """Drives Peregrine's web UI (served at `/`) in headless Chromium with Playwright's sync API.
 
-Usage: web_ui_check.py <base_url> <api_key> <screenshot_path>
+Usage: web_ui_check.py <base_url> <api_key> <screenshot_path> <long_answer_pieces> <long_answer_end>
 
 Run by crates/peregrine-server/tests/web_ui.rs against the hello-world-weather agent on the
-scripted LLM server (which answers every weather question with San Francisco's weather). The
-flow: the key field after a 401 (a wrong key first, then the right one), a new thread, a
-question whose plan and streamed answer show up, the same question in planning mode with the
-plan approval (steps shown, the plan JSON in the editor) approved, the thread in the list, a
-stream cut after its second token (the page reconnects with Last-Event-ID and shows the same
-answer, no token lost or repeated), and after a reload the key from localStorage and the thread's messages from its state. Every wait
-is one of Playwright's auto-waiting `expect`s with a timeout. Saves a full-page screenshot
-(also when a check fails), and one at the approval beside it (`<name>_approval.png`), and exits non-zero with the failing step on failure.
+scripted LLM server (which answers every weather question with San Francisco's weather, and a
+question asking for a "long report" with <long_answer_pieces> streamed pieces ending in
+<long_answer_end>). The flow: the key field after a 401 (a wrong key first, then the right one),
+a new thread, a question whose plan and streamed answer show up, the same question in planning
+mode with the plan approval (steps shown, the plan JSON in the editor) approved with the button
+(the focus goes back to the composer), again in planning mode answered by typing "yes" (sent as
+"yes", not "/planning yes"), the thread in the list, a stream cut after its second token (the
+page reconnects with Last-Event-ID and shows the same answer, no token lost or repeated), the
+long answer in a new thread (all of it shown, once, and the page still answers), a message sent
+right after picking a thread whose state is slow to come (the composer waits, nothing is
+wiped), runs the page sees through routed responses (a step that asks for approval shown
+waiting, a refused run whose text goes back into the composer, a thread busy with a run the page
+does not follow, polled until it is idle), keyboard access to the thread list, and after a reload
+the key from localStorage and the thread's messages from its state. Every wait is one of
+Playwright's auto-waiting `expect`s with a timeout. Saves a full-page screenshot (also when a
+check fails), and one at the approval beside it (`<name>_approval.png`), and exits non-zero with
+the failing step on failure, printing the last SSE events the page handled.
 """
 
 import json
@@ -32,6 +41,10 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 QUESTION = "What's the weather in San Francisco?"
+# The scripted server answers this one with the long answer (its prompt says "long report").
+LONG_QUESTION = "Give me a long report on the weather in San Francisco."
+# Shortens the page's poll of a busy thread (2 s) for the busy-thread check.
+PAGE_OPTIONS = "window.PEREGRINE_UI_OPTIONS = { busyPollMs: 200 };"
 # What the scripted respond call answers: the summary the weather step stored, after this.
 ANSWER_START = "Here is the current weather. Weather in San Francisco"
 # A whole turn against the scripted server takes well under a second; this only bounds a hang.
@@ -149,9 +162,10 @@ def run_flow(page, base_url, key, approval_screenshot):
     page.screenshot(path=approval_screenshot, full_page=True)
     print(f"screenshot at the approval: {approval_screenshot}", flush=True)
 
-    step("approve: the plan runs and the answer streams in")
+    step("approve: the plan runs and the answer streams in; the focus goes back to the composer")
     page.click("#approve")
     expect(approval).to_be_hidden(timeout=STEP_TIMEOUT_MS)
+    expect(page.locator("#message-input")).to_be_focused()
     runs_finished(page, 3)
     expect(page.locator("body")).to_have_attribute("data-last-run-status", "success")
     expect(page.locator(".message.assistant").last).to_contain_text(ANSWER_START, timeout=STEP_TIMEOUT_MS)
@@ -169,6 +183,281 @@ def run_flow(page, base_url, key, approval_screenshot):
     return thread_id, first_answer
 
 
+def check_typed_approval(page):
+    step("planning mode still ticked: typing yes answers the plan approval")
+    check(page.is_checked("#planning-mode"), "planning mode is no longer ticked")
+    done = int(page.locator("body").get_attribute("data-runs-finished") or "0")
+    page.fill("#message-input", QUESTION)
+    page.press("#message-input", "Enter")
+    expect(page.locator("#approval")).to_be_visible(timeout=TURN_TIMEOUT_MS)
+    runs_finished(page, done + 1)
+    expect(page.locator("#composer-hint")).to_be_visible()
+    expect(page.locator("#composer-hint")).to_contain_text("answers the approval")
+    expect(page.locator("#message-input")).to_have_attribute("placeholder", re.compile(r"yes / no"))
+    page.fill("#message-input", "yes")
+    page.press("#message-input", "Enter")
+    expect(page.locator(".message.user").last).to_have_text("yes", timeout=STEP_TIMEOUT_MS)
+    expect(page.locator("#approval")).to_be_hidden()
+    runs_finished(page, done + 2)
+    expect(page.locator("body")).to_have_attribute("data-last-run-status", "success")
+    expect(page.locator(".message.assistant").last).to_contain_text(ANSWER_START)
+    expect(page.locator('#plan-steps .plan-step[data-status="done"]')).to_have_count(2)
+    expect(page.locator("#approval")).to_be_hidden()
+    expect(page.locator("#composer-hint")).to_be_hidden()
+    streamed_answer(page, "the answer after typing yes")
+    no_error_banner(page, "after the typed approval")
+
+
+def check_long_answer(page, pieces, end):
+    step(f"a long answer ({pieces} token events) is shown whole, once, and the page still answers")
+    done = int(page.locator("body").get_attribute("data-runs-finished") or "0")
+    page.click("#new-thread")
+    expect(page.locator("#message-input")).to_be_enabled()
+    expect(page.locator(".message")).to_have_count(0)
+    # Counts what the page does per token (not how long it takes): nodes added to the answer while
+    # it streams (one Text node grows instead) and writes of the list's scrollTop (once a frame).
+    page.evaluate(
+        """() => {
+            const box = document.getElementById("messages");
+            const scrollTop = Object.getOwnPropertyDescriptor(Element.prototype, "scrollTop");
+            window.__scrollWrites = 0;
+            Object.defineProperty(box, "scrollTop", {
+                configurable: true,
+                get() { return scrollTop.get.call(this); },
+                set(value) { window.__scrollWrites += 1; scrollTop.set.call(this, value); },
+            });
+            window.__answerNodes = 0;
+            window.__answerObserver = new MutationObserver((records) => {
+                for (const record of records) {
+                    const target = record.target;
+                    if (target.classList && target.classList.contains("assistant") && target.dataset.streaming === "true") {
+                        window.__answerNodes += record.addedNodes.length;
+                    }
+                }
+            });
+            window.__answerObserver.observe(box, { childList: true, subtree: true });
+        }"""
+    )
+    page.fill("#message-input", LONG_QUESTION)
+    page.press("#message-input", "Enter")
+    runs_finished(page, done + 1)
+    work = page.evaluate(
+        """() => {
+            window.__answerObserver.disconnect();
+            delete document.getElementById("messages").scrollTop;
+            return { nodes: window.__answerNodes, scrolls: window.__scrollWrites };
+        }"""
+    )
+    print(f"  the long answer: {work['nodes']} nodes added while streaming, {work['scrolls']} scrollTop writes", flush=True)
+    check(work["nodes"] <= 1, f"{work['nodes']} nodes were added to the answer while it streamed (one per token?)")
+    check(work["scrolls"] < pieces // 4, f"the message list was scrolled {work['scrolls']} times for {pieces} tokens (once per token?)")
+    expect(page.locator("body")).to_have_attribute("data-last-run-status", "success")
+    answer = page.locator(".message.assistant")
+    expect(answer).to_have_count(1)
+    expect(answer).to_have_attribute("data-token-count", str(pieces))
+    expect(page.locator("body")).to_have_attribute("data-last-run-tokens", str(pieces))
+    text = answer.text_content() or ""
+    words = text.split()
+    expected = [f"w{index}" for index in range(1, pieces)] + [end]
+    check(words == expected, f"the long answer shows {len(words)} words, not the {len(expected)} sent in order "
+          f"(first difference at {next((i for i, (a, b) in enumerate(zip(words, expected)) if a != b), min(len(words), len(expected)))})")
+    check(text.count("\n") == (pieces - 1) // 40, f"the long answer has {text.count(chr(10))} line breaks")
+    at_bottom = page.evaluate("() => { const box = document.getElementById('messages'); return box.scrollHeight - box.scrollTop - box.clientHeight < 4; }")
+    check(at_bottom, "the message list did not follow the long answer to its end")
+    # Still answers input: the composer takes text, and another thread opens.
+    page.fill("#message-input", "still here")
+    expect(page.locator("#message-input")).to_have_value("still here")
+    page.fill("#message-input", "")
+    no_error_banner(page, "after the long answer")
+
+
+def install_slow_state(page, delay_ms):
+    """Delays every answer to GET …/state by `delay_ms` in the page (fetch wrapped)."""
+    page.evaluate(
+        """(delay) => {
+            if (!window.__realFetch) window.__realFetch = window.fetch;
+            window.fetch = async (...args) => {
+                const response = await window.__realFetch(...args);
+                if (String(args[0]).endsWith("/state")) await new Promise((resolve) => setTimeout(resolve, delay));
+                return response;
+            };
+        }""",
+        delay_ms,
+    )
+
+
+def remove_slow_state(page):
+    page.evaluate("() => { if (window.__realFetch) window.fetch = window.__realFetch; }")
+
+
+def check_send_after_select(page, thread_id):
+    step("a message sent right after picking a thread: the composer waits for its state, nothing is wiped")
+    state = page.evaluate(
+        """async (id) => {
+            const key = localStorage.getItem("peregrine.apiKey");
+            const response = await fetch(`threads/${encodeURIComponent(id)}/state`, { headers: { Authorization: "Bearer " + key } });
+            return response.json();
+        }""",
+        thread_id,
+    )
+    users_before = sum(1 for message in state.get("messages", []) if message.get("role") == "user" and (message.get("content") or "").strip())
+    check(users_before >= 3, f"the thread's state has {users_before} user messages: {state.get('messages')}")
+    done = int(page.locator("body").get_attribute("data-runs-finished") or "0")
+    install_slow_state(page, 600)
+    try:
+        page.locator(f'#thread-list .thread[data-thread-id="{thread_id}"] .thread-open').click()
+        expect(page.locator("#message-input")).to_be_disabled()
+        expect(page.locator("#send")).to_be_disabled()
+        page.fill("#message-input", QUESTION)  # waits until the composer is enabled again
+        page.press("#message-input", "Enter")
+        expect(page.locator(".message.user").last).to_have_text(QUESTION)
+        runs_finished(page, done + 1)
+    finally:
+        remove_slow_state(page)
+    expect(page.locator("body")).to_have_attribute("data-last-run-status", "success")
+    expect(page.locator(".message.user")).to_have_count(users_before + 1)
+    expect(page.locator(".message.assistant").last).to_contain_text(ANSWER_START)
+    streamed_answer(page, "the answer sent right after picking the thread")
+    no_error_banner(page, "after sending right after picking a thread")
+
+
+def sse(events):
+    return "".join(f"id: {index}\nevent: {name}\ndata: {json.dumps(data)}\n\n" for index, (name, data) in enumerate(events, 1))
+
+
+def check_routed_runs(page, thread_id):
+    """Runs the page sees through routed responses (no LLM call): what the weather agent never does."""
+    step("a step that asks for approval is shown waiting for it")
+    done = int(page.locator("body").get_attribute("data-runs-finished") or "0")
+    steps = [{"capability": "python", "task_objective": "run code"}, {"capability": "respond", "task_objective": "answer"}]
+    interrupt = {"id": "i-1", "node": "python", "approval_type": "python_executor", "message": "Run this code?", "payload": {}}
+    body = sse([
+        ("metadata", {"run_id": "run-routed", "thread_id": thread_id}),
+        ("plan_created", {"steps": steps}),
+        ("capability_start", {"capability_name": "python", "step_number": 1, "total_steps": 2, "description": "run code"}),
+        ("interrupt", interrupt),
+        ("end", {"run_id": "run-routed", "status": "interrupted", "result": {"status": "interrupted", "response": None, "interrupt": interrupt}, "error": None}),
+    ])
+    page.route("**/runs/stream", lambda route: route.fulfill(status=200, content_type="text/event-stream", body=body))
+    try:
+        page.fill("#message-input", "run some code")
+        page.press("#message-input", "Enter")
+        runs_finished(page, done + 1)
+    finally:
+        page.unroute("**/runs/stream")
+    first = page.locator("#plan-steps .plan-step").nth(0)
+    expect(first).to_have_attribute("data-status", "waiting")
+    expect(first.locator(".step-state")).to_have_text("waiting for approval")
+    expect(page.locator("#plan-steps .plan-step").nth(1)).to_have_attribute("data-status", "pending")
+
+    step("a refused run: its text goes back into the composer, the error is shown")
+    refusal = {"error": {"message": "Thread is busy with another run.", "type": "invalid_request_error", "param": None, "code": "thread_busy"}}
+    page.route("**/runs/stream", lambda route: route.fulfill(status=409, content_type="application/json", body=json.dumps(refusal)))
+    users = page.locator(".message.user").count()
+    try:
+        page.fill("#message-input", "refused words")
+        page.press("#message-input", "Enter")
+        runs_finished(page, done + 2)
+    finally:
+        page.unroute("**/runs/stream")
+    expect(page.locator("#message-input")).to_have_value("refused words")
+    expect(page.locator("#error-text")).to_contain_text("Thread is busy")
+    expect(page.locator("body")).to_have_attribute("data-last-run-status", "refused")
+    expect(page.locator(".message.user")).to_have_count(users)
+    page.click("#error-close")
+    page.fill("#message-input", "")
+
+    step("after a reload the plan shows the state's step results (a failed step with its error)")
+    state_url = re.compile(r"/threads/[^/]+/state$")
+
+    def failed_first_step(route):
+        response = route.fetch()
+        state = response.json()
+        plan = state.get("plan") or {}
+        check(len(plan.get("steps") or []) == 2, f"the thread's state has no two-step plan: {plan}")
+        plan["current_step"] = 2
+        plan["results"] = [
+            {"step_index": 0, "capability": "current_weather", "success": False, "error": "the weather service timed out"},
+            {"step_index": 1, "capability": "respond", "success": True, "error": None},
+        ]
+        route.fulfill(response=response, body=json.dumps(state))
+
+    page.route(state_url, failed_first_step)
+    try:
+        page.reload()
+        first = page.locator("#plan-steps .plan-step").nth(0)
+        expect(first).to_have_attribute("data-status", "failed", timeout=STEP_TIMEOUT_MS)
+        expect(first.locator(".step-error")).to_have_text("the weather service timed out")
+        expect(page.locator("#plan-steps .plan-step").nth(1)).to_have_attribute("data-status", "done")
+    finally:
+        page.unroute(state_url)
+
+    step("a thread busy with a run the page does not follow: said so, polled until idle")
+    polls = []
+    runs_url = re.compile(r"/threads/[^/]+/runs$")
+    thread_url = re.compile(r"/threads/[^/?]+$")
+
+    def busy_state(route):
+        response = route.fetch()
+        state = response.json()
+        state["status"] = "busy"
+        route.fulfill(response=response, body=json.dumps(state))
+
+    def no_runs(route):
+        if route.request.method == "GET":
+            route.fulfill(status=200, content_type="application/json", body="[]")
+        else:
+            route.fallback()
+
+    def thread_polled(route):
+        if route.request.method != "GET":
+            route.fallback()
+            return
+        polls.append(route.request.url)
+        response = route.fetch()
+        thread = response.json()
+        if len(polls) < 3:
+            thread["status"] = "busy"
+        route.fulfill(response=response, body=json.dumps(thread))
+
+    page.route(state_url, busy_state)
+    page.route(runs_url, no_runs)
+    page.route(thread_url, thread_polled)
+    try:
+        page.reload()
+        expect(page.locator("#status")).to_have_text("A run is active on this thread", timeout=STEP_TIMEOUT_MS)
+        expect(page.locator("body")).to_have_attribute("data-busy-poll", "true")
+        page.unroute(state_url)
+        expect(page.locator("body")).to_have_attribute("data-busy-poll", "false", timeout=STEP_TIMEOUT_MS)
+        expect(page.locator("#status")).not_to_have_text("A run is active on this thread")
+    finally:
+        page.unroute(runs_url)
+        page.unroute(thread_url)
+    check(len(polls) >= 3, f"the busy thread was polled {len(polls)} times")
+    expect(page.locator("#thread-list .thread.selected")).to_have_attribute("data-status", re.compile(r"^(idle|interrupted)$"))
+    no_error_banner(page, "after the busy thread")
+
+
+def check_keyboard(page):
+    step("keyboard: the labelled composer, the log, a thread's Delete reachable with Tab")
+    expect(page.locator("#message-input")).to_have_attribute("aria-label", "Message")
+    expect(page.locator("#messages")).to_have_attribute("role", "log")
+    other = page.locator("#thread-list .thread:not(.selected)").first
+    other_id = other.get_attribute("data-thread-id")
+    other.locator(".thread-open").focus()
+    page.keyboard.press("Tab")
+    expect(other.locator(".delete-thread")).to_be_focused()
+    check(page.evaluate("() => getComputedStyle(document.activeElement).opacity") == "1", "the focused Delete button is not visible")
+    outline = page.evaluate("() => getComputedStyle(document.activeElement).outlineStyle")
+    check(outline not in ("none", ""), f"the focused Delete button has no focus ring (outline {outline!r})")
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Enter")
+    selected = page.locator("#thread-list .thread.selected")
+    expect(selected).to_have_attribute("data-thread-id", other_id)
+    expect(page.locator("#message-input")).to_be_enabled()
+    expect(selected.locator(".thread-open")).to_be_focused()  # kept through the list's re-renders
+
+
 def streamed_answer(page, what):
     """The last answer's (text, token count): streamed in several `token` events, and what the
     thread's state holds (the page replaces a streamed answer that differs from the state's)."""
@@ -181,9 +470,19 @@ def streamed_answer(page, what):
 
 
 def check_reconnect(page, first_answer):
-    step("a stream that breaks is followed again from Last-Event-ID")
+    step("a stream that breaks is followed again from Last-Event-ID (after a proxy's 503)")
     cut = {}
     reconnects = []
+    unavailable = []
+
+    def first_reconnect_unavailable(route):
+        # A proxy that answers the first reconnect 503: the page tries again, later.
+        if unavailable:
+            route.fallback()
+            return
+        unavailable.append(route.request.url)
+        error = {"error": {"message": "Service Unavailable", "type": "server_error", "param": None, "code": None}}
+        route.fulfill(status=503, content_type="application/json", body=json.dumps(error))
 
     def cut_stream(route):
         # The run's whole stream, handed to the page only up to its second token event: the page
@@ -206,17 +505,21 @@ def check_reconnect(page, first_answer):
         if request.method == "GET" and re.search(r"/runs/[^/]+/stream", request.url):
             reconnects.append(request.headers.get("last-event-id"))
 
+    reconnect_url = re.compile(r"/runs/[^/]+/stream")
     page.on("request", on_request)
     page.route("**/runs/stream", cut_stream)
+    page.route(reconnect_url, first_reconnect_unavailable)
     page.uncheck("#planning-mode")
+    done = int(page.locator("body").get_attribute("data-runs-finished") or "0")
     page.fill("#message-input", QUESTION)
     page.click("#send")
-    runs_finished(page, 4)
+    runs_finished(page, done + 1)
     page.unroute("**/runs/stream")
+    page.unroute(reconnect_url)
     page.remove_listener("request", on_request)
     check("problem" not in cut, cut.get("problem", ""))
     check("id" in cut, "the run's stream was not cut (no POST …/runs/stream seen)")
-    check(reconnects == [cut["id"]], f"reconnects sent Last-Event-ID {reconnects}, expected one with {cut['id']}")
+    check(reconnects == [cut["id"], cut["id"]], f"reconnects sent Last-Event-ID {reconnects}, expected two (503, then the stream) with {cut['id']}")
     expect(page.locator("body")).to_have_attribute("data-last-run-status", "success")
     answer = streamed_answer(page, "the answer after the reconnect")
     check(answer == first_answer, f"after the reconnect the answer is {answer}, not {first_answer} (lost or repeated tokens)")
@@ -226,6 +529,7 @@ def check_reconnect(page, first_answer):
 
 def check_reload(page, thread_id):
     step("reload: the key comes from localStorage, the thread's messages from its state")
+    page.goto(page.url.split("#")[0] + "#thread=" + thread_id)
     page.reload()
     expect(page.locator("#status")).not_to_have_text("Connecting…", timeout=STEP_TIMEOUT_MS)
     expect(page.locator("#key-panel")).to_be_hidden()
@@ -236,10 +540,11 @@ def check_reload(page, thread_id):
 
 
 def main():
-    if len(sys.argv) != 4:
-        print("usage: web_ui_check.py <base_url> <api_key> <screenshot_path>", file=sys.stderr)
+    if len(sys.argv) != 6:
+        print("usage: web_ui_check.py <base_url> <api_key> <screenshot_path> <long_answer_pieces> <long_answer_end>", file=sys.stderr)
         return 2
     base_url, key, screenshot = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
+    long_pieces, long_end = int(sys.argv[4]), sys.argv[5]
     stem, dot, suffix = screenshot.rpartition(".")
     approval_screenshot = f"{stem}_approval.{suffix}" if dot else f"{screenshot}_approval"
     problems = []
@@ -252,26 +557,29 @@ def main():
             return 1
         try:
             context = browser.new_context(viewport={"width": 1360, "height": 860})
+            context.add_init_script(PAGE_OPTIONS)
             page = context.new_page()
             page.set_default_timeout(STEP_TIMEOUT_MS)
             page.on("pageerror", lambda error: problems.append(f"uncaught exception: {error}"))
 
-            events = []
-
             def on_console(message):
-                if message.type == "debug" and message.text.startswith("event "):
-                    events.append(message.text[:1500])  # the page logs each SSE event it handles
                 # A refused request (the 401 before the key) is logged by Chromium as a failed load;
                 # anything else at error level (a CSP refusal, the page's console.error) counts.
+                # The refused run (409) is one too.
                 if message.type == "error" and "Failed to load resource" not in message.text:
                     problems.append(f"console error: {message.text}")
 
             page.on("console", on_console)
             try:
                 thread_id, first_answer = run_flow(page, base_url, key, approval_screenshot)
+                check_typed_approval(page)
                 check_reconnect(page, first_answer)
+                check_long_answer(page, long_pieces, long_end)
                 page.screenshot(path=screenshot, full_page=True)
                 print(f"screenshot: {screenshot}", flush=True)
+                check_send_after_select(page, thread_id)
+                check_routed_runs(page, thread_id)
+                check_keyboard(page)
                 check_reload(page, thread_id)
             except (CheckFailed, PlaywrightError, AssertionError) as error:
                 failure = error
@@ -285,6 +593,10 @@ def main():
                     print(f"the page's error banner: {banner}", file=sys.stderr)
                 print(f"the page's status line: {page.locator('#status').text_content(timeout=1000)!r}", file=sys.stderr)
                 print("the last SSE events the page handled:", file=sys.stderr)
+                try:
+                    events = page.evaluate("() => (window.peregrineEvents ? window.peregrineEvents() : [])")
+                except PlaywrightError as events_error:
+                    events = [f"(not available: {events_error})"]
                 for line in events[-40:]:
                     print(f"  {line}", file=sys.stderr)
         finally:

@@ -4,6 +4,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use peregrine_server::ServerOptions;
@@ -15,7 +16,7 @@ use crate::output::Output;
 use crate::runtime;
 
 /// How long a stopping server waits for running turns and open streams.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// `serve` options.
 #[derive(Debug, Clone, clap::Args)]
@@ -49,7 +50,8 @@ pub async fn run(args: &ServeArgs, config: &Config, app: &dyn Application, out: 
         redact: Arc::new(config.redactor()),
         agent_data_dir: Some(config.settings.agent_data_dir.clone()),
     };
-    let router = peregrine_server::router(Arc::new(agent), options);
+    let server = peregrine_server::Server::new(Arc::new(agent), options);
+    let router = server.router();
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, port))
         .await
         .with_context(|| format!("cannot listen on {ip}:{port}"))
@@ -70,19 +72,35 @@ pub async fn run(args: &ServeArgs, config: &Config, app: &dyn Application, out: 
             on_signal.cancel();
         }
     });
-    let server = axum::serve(listener, router).with_graceful_shutdown(stopping.clone().cancelled_owned());
+    // On Ctrl-C: no new connections; running turns get SHUTDOWN_GRACE to end, then they are
+    // cancelled (each keeps its last checkpoint) and their streams end; a second Ctrl-C exits.
+    let http = tokio::spawn(axum::serve(listener, router).with_graceful_shutdown(stopping.clone().cancelled_owned()).into_future());
+    stopping.cancelled().await;
+    if server.running() > 0 {
+        out.note(&format!(
+            "stopping: waiting up to {} s for {} running turn(s) (Ctrl-C again stops at once)",
+            SHUTDOWN_GRACE.as_secs(),
+            server.running()
+        ));
+    }
     tokio::select! {
-        served = server => served.context("the server stopped").map_err(Failure::from)?,
-        () = async {
-            stopping.cancelled().await;
-            out.note(&format!("stopping: waiting up to {} s for running turns (Ctrl-C again stops at once)", SHUTDOWN_GRACE.as_secs()));
-            tokio::select! {
-                () = tokio::time::sleep(SHUTDOWN_GRACE) => {}
-                _ = tokio::signal::ctrl_c() => {}
+        cut_off = server.shut_down(SHUTDOWN_GRACE) => {
+            if cut_off > 0 {
+                out.warn(&format!(
+                    "cancelled {cut_off} running turn(s); their threads keep their last checkpoint and can be continued"
+                ));
             }
-        } => {
-            out.warn("stopped with turns still running; their threads keep their last checkpoint and can be continued");
         }
+        _ = tokio::signal::ctrl_c() => {
+            out.warn("stopped at once; running turns keep their last checkpoint and can be continued");
+            return Ok(());
+        }
+    }
+    // Open streams end with their runs; connections still open after that are not waited for long.
+    match tokio::time::timeout(Duration::from_secs(2), http).await {
+        Ok(Ok(Err(error))) => return Err(Failure::from(anyhow::Error::new(error).context("the server stopped"))),
+        Ok(Err(error)) => return Err(Failure::from(anyhow::anyhow!("the server task failed: {error}"))),
+        Ok(Ok(Ok(()))) | Err(_) => {}
     }
     Ok(())
 }
