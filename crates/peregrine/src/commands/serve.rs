@@ -41,6 +41,7 @@ pub async fn run(args: &ServeArgs, config: &Config, app: &dyn Application, out: 
             "serving on {ip} would let anyone on the network use the agent: set server.api_keys in config.yml, or bind to 127.0.0.1"
         )));
     }
+    raise_open_files_limit(out);
     let agent = runtime::agent(config, app).await.map_err(|error| Failure::usage(format!("{error:#}")))?;
     let options = ServerOptions {
         model_id: app.name().to_owned(),
@@ -103,4 +104,25 @@ pub async fn run(args: &ServeArgs, config: &Config, app: &dyn Application, out: 
         Ok(Ok(Ok(()))) | Err(_) => {}
     }
     Ok(())
+}
+
+/// The open-files limit below which a note says how many conversations it allows.
+const LOW_OPEN_FILES: u64 = 4096;
+
+/// Raises the soft open-files limit to the hard one: every conversation in flight holds a client
+/// connection and a provider connection, and at the usual soft limit of 1,024 a busy server
+/// stops accepting connections ("Too many open files").
+fn raise_open_files_limit(out: &Output) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return };
+    let raised = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() { hard } else { soft };
+    if raised != soft {
+        tracing::debug!(from = soft, to = raised, "raised the open-files limit");
+    }
+    if raised < LOW_OPEN_FILES {
+        out.warn(&format!(
+            "the open-files limit is {raised}: about {} conversations can run at once; raise it (ulimit -Hn) for more",
+            raised / 2
+        ));
+    }
 }
