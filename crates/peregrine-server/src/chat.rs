@@ -1,8 +1,8 @@
 //! The handlers of the OpenAI-compatible API: `GET /v1/models`, `GET /v1/models/{model}` and
 //! `POST /v1/chat/completions` (one JSON answer, or an SSE stream with keep-alive comments).
-//! Each turn runs as its own task that a dropped request cancels; a new conversation's first
-//! answer carries the invisible mark its later requests are known by; Open WebUI's background
-//! tasks get one direct LLM call instead of a turn.
+//! Each turn runs as its own task that a dropped request cancels; every answer of a conversation
+//! known by its nonce opens with the invisible mark its later requests are known by; Open
+//! WebUI's background tasks get one direct LLM call instead of a turn.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,7 +27,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::Redact;
 use crate::auth::ApiKeys;
 use crate::error::{ApiError, json_response};
-use crate::progress::{TurnTrace, Usage, marked};
+use crate::progress::{TurnTrace, Usage};
 use crate::request::{BackgroundTask, ChatRequest, Conversation};
 
 /// How long a stream may send nothing before it sends [`KEEP_ALIVE`], so that proxies do not cut
@@ -137,7 +137,12 @@ async fn answer(state: &Arc<ServerState>, headers: &HeaderMap, body: Body) -> Re
     }
     request.check_supported()?;
     if let Some(task) = request.background_task() {
-        return background_task(state, &request, task).await;
+        // A failed task changed nothing: its 500 leaves retrying to the client.
+        return Ok(background_task(state, &request, task).await.unwrap_or_else(|error| {
+            let error = error.redacted(&state.redact);
+            tracing::warn!(error = %error.message, "background task failed");
+            error.into_response()
+        }));
     }
     let mut conversation = request.conversation(&caller, headers)?;
     let busy = BusyThread::claim(state, &conversation.thread_id)?;
@@ -401,7 +406,7 @@ fn completion(model: &str, content: &str, usage: &Usage) -> Value {
     })
 }
 
-/// The non-stream answer; a new conversation's mark opens its content.
+/// The non-stream answer; the conversation's mark and a blank line open its content.
 async fn json_answer(state: &ServerState, mut turn: RunningTurn, mark: Option<String>) -> Result<Response, ApiError> {
     let mut trace = TurnTrace::new(false, None);
     while let Some(event) = turn.next_event().await {
@@ -410,7 +415,7 @@ async fn json_answer(state: &ServerState, mut turn: RunningTurn, mark: Option<St
     let result = turn.take_outcome()?;
     let text = response_text(&result, &state.redact).unwrap_or_default();
     let content = match mark {
-        Some(mark) => marked(&mark, &text),
+        Some(mark) => format!("{mark}\n\n{text}"),
         None => text,
     };
     Ok(json_response(StatusCode::OK, &completion(&state.model_id, &content, &trace.usage)))
@@ -577,16 +582,15 @@ impl SseTurn {
         self.written(end)
     }
 
-    /// The end: the response text if it was not streamed, and the mark if nothing carried it
-    /// yet; `finish_reason: "stop"`, usage and `[DONE]`; or an error event when the turn failed
-    /// after the stream began.
+    /// The end: the response text if it was not streamed; `finish_reason: "stop"`, usage and
+    /// `[DONE]`; or an error event when the turn failed after the stream began.
     fn finish(&mut self, outcome: TurnOutcome) -> String {
         let closing = match &outcome {
             Ok(result) => {
                 let response = response_text(result, &self.redact);
                 self.trace.closing_text(response.as_deref(), result.status == TurnStatus::Failed)
             }
-            Err(_) => self.trace.unsent_mark(),
+            Err(_) => None,
         };
         let mut out = closing.map(|text| self.content(&[text])).unwrap_or_default();
         match outcome {
@@ -712,26 +716,39 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_new_conversations_mark_opens_the_stream_and_a_failed_stream_still_sends_it() {
-        let (turn, events, end) = fake_turn();
-        let trace = TurnTrace::new(false, Some(MARK.to_owned()));
-        let mut stream = SseTurn::new(Chunks::new("m"), false, trace, VecDeque::new(), turn, Arc::new(str::to_owned));
-        let first = text(stream.next_bytes().await);
-        assert!(first.contains(r#""delta":{"role":"assistant"}"#) && first.contains(&format!(r#""content":"{MARK}""#)), "{first}");
-        events.send(token("Hi")).unwrap();
-        assert!(text(stream.next_bytes().await).contains(r#""content":"Hi""#));
-        end.send(ended(TurnStatus::Completed, "Hi")).unwrap();
-        assert!(!text(stream.next_bytes().await).contains(MARK), "sent once");
+    async fn the_mark_and_a_blank_line_are_the_first_content_chunk_after_the_role() {
+        for status_lines in [false, true] {
+            let (turn, events, end) = fake_turn();
+            let trace = TurnTrace::new(status_lines, Some(MARK.to_owned()));
+            let mut stream = SseTurn::new(Chunks::new("m"), false, trace, VecDeque::new(), turn, Arc::new(str::to_owned));
+            let first = text(stream.next_bytes().await);
+            let chunks: Vec<Value> = first
+                .split("\n\n")
+                .filter_map(|event| event.strip_prefix("data: "))
+                .map(|data| serde_json::from_str(data).unwrap())
+                .collect();
+            assert_eq!(chunks.len(), 2, "{first}");
+            assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant"}));
+            assert_eq!(chunks[1]["choices"][0]["delta"], json!({"content": format!("{MARK}\n\n")}), "status lines {status_lines}");
+            events.send(RunEvent::NodeStarted { node: peregrine_agent::ORCHESTRATOR.into(), step: 1 }).unwrap();
+            events.send(token("Hi")).unwrap();
+            let mut rest = String::new();
+            end.send(ended(TurnStatus::Completed, "Hi")).unwrap();
+            while let Some(bytes) = stream.next_bytes().await {
+                rest.push_str(std::str::from_utf8(&bytes).unwrap());
+            }
+            assert!(!rest.contains(MARK) && rest.contains(r#""content":"Hi""#), "sent once: {rest}");
+        }
 
+        // A turn that fails after the stream began: the mark was sent first all the same.
         let (turn, _events, end) = fake_turn();
         let trace = TurnTrace::new(true, Some(MARK.to_owned()));
         let mut stream = SseTurn::new(Chunks::new("m"), false, trace, VecDeque::new(), turn, Arc::new(str::to_owned));
-        assert!(!text(stream.next_bytes().await).contains(MARK), "with status lines it waits for the first one");
+        assert!(text(stream.next_bytes().await).contains(MARK));
         let storage = peregrine_graph::CheckpointError::Corrupt { thread_id: "t".into(), reason: "unreadable".into() };
         end.send(Err(AgentError::Run(peregrine_graph::RunError::Checkpoint(storage)))).unwrap();
         let last = text(stream.next_bytes().await);
-        let mark_at = last.find(MARK).expect("the mark is sent");
-        assert!(mark_at < last.find(r#"{"error":"#).unwrap(), "{last}");
+        assert!(last.contains(r#"{"error":"#) && !last.contains(MARK), "{last}");
     }
 
     #[tokio::test]

@@ -102,70 +102,89 @@
 //! message's text is its string content or its `text` parts joined by newlines. The turn's input
 //! is the last user message; only `system` and `developer` messages may follow it (ignored, like
 //! every system and developer message: the agent has its own prompts); a trailing `assistant` or
-//! `tool` message is a 400 with `param: "messages"`. A 500 and a 409 `thread_busy` answer carry
-//! the header `x-should-retry: false`, which the official `openai` clients obey: a failed turn
-//! may have written checkpoints, and a busy thread's turn still runs, so sending the same turn
-//! again on their own would run it twice.
+//! `tool` message is a 400 with `param: "messages"`. A 500 of a turn and a 409 `thread_busy`
+//! answer carry the header `x-should-retry: false`, which the official `openai` clients obey: a
+//! failed turn may have written checkpoints, and a busy thread's turn still runs, so sending the
+//! same turn again on their own would run it twice (a background task's 500 changed nothing and
+//! does not carry it).
 //!
 //! # Background tasks
-//! Open WebUI asks the chat's model for titles, tags, follow-up suggestions, search queries and
-//! autocompletions, each as a request whose one message is a user message that begins with
-//! `### Task:` (its prompt templates; Open WebUI drops `metadata` before it calls a connection,
-//! and adds the model's system prompt when one is set for it). A request is such a task only when
-//! - its `metadata.task` is a non-empty string (a client that passes Open WebUI's metadata on), or
+//! Open WebUI asks the chat's model for titles, tags, follow-up suggestions, search queries,
+//! emojis, image prompts and autocompletions, each as a request whose one message is a user
+//! message built from a prompt template that begins with `### Task:` and quotes the chat in a
+//! `<chat_history>` block (Open WebUI drops `metadata` before it calls a connection, and adds the
+//! model's system prompt when one is set for it). A request is such a task only when
+//! - its `metadata.task` is one of Open WebUI's task names: `title_generation`,
+//!   `tags_generation`, `follow_up_generation`, `query_generation`, `emoji_generation`,
+//!   `autocomplete_generation`, `image_prompt_generation`, `moa_response_generation` (a client
+//!   that passes Open WebUI's metadata on; any other value is ignored), or
 //! - its messages but `system` and `developer` ones are exactly one user message that begins with
-//!   `### Task:` after leading whitespace and does not hold `<context>` followed by `</context>`.
+//!   `### Task:` after leading whitespace and holds `<chat_history>` followed by `</chat_history>`.
 //!
-//! Open WebUI's question about files, knowledge or a web search (its RAG template, put before
-//! the user's message when `RAG_SYSTEM_CONTEXT` is off) also begins with `### Task:`, but holds the
-//! retrieved sources in `<context>` … `</context>`: it runs as a turn, like a `### Task:` message
-//! with a history. Not recognised, and so run as turns (each on a conversation of its own): the
-//! tools function-calling prompt (system `Available Tools: …`, user `Query: History: …`; give the
-//! model native function calling in Open WebUI, or no tools), the emoji prompt of voice calls, and
-//! a template an admin rewrote without `### Task:`.
+//! Anything else runs as a turn (each on a conversation of its own when it is a first message):
+//! Open WebUI's question about files, knowledge or a web search (its RAG template, put before the
+//! user's message when `RAG_SYSTEM_CONTEXT` is off, begins with `### Task:` but has no chat
+//! history), any other `### Task:` message without one, a `### Task:` message with a history
+//! before it, the tools function-calling prompt (system `Available Tools: …`, user `Query:
+//! History: …`; give the model native function calling in Open WebUI, or no tools), and a
+//! template an admin rewrote without `### Task:` or `<chat_history>`.
 //!
 //! A task runs no turn and reads or writes no thread. Its prompt alone (that user message; for
 //! `metadata.task`, the last user message) goes to one LLM call of the `response` role, which is
 //! stopped after 1,024 streamed pieces (then `finish_reason` is `length`); its text and usage are
-//! answered in the usual shape, JSON or SSE. A failed call is a 500 `server_error`.
+//! answered in the usual shape, JSON or SSE. A task cut at its limit reports `prompt_tokens` 0
+//! (the provider reports usage only at the end of a call, and the call was stopped) and
+//! `completion_tokens` the pieces kept. A failed call is a 500 `server_error` without
+//! `x-should-retry` (nothing changed, so a retry is fine).
 //!
 //! # Conversation identity
 //! Chat clients resend the whole history with every request, so the agent thread is found from
-//! the request. Its id is `oai-<owner tag>-<16 hex>`, the hex digits from the first rule that applies:
+//! the request. Its id is `oai-<owner tag>-<16 hex>`, the hex digits the first 16 of SHA-256 over
+//! `<caller>\n<kind>\n` and parts each written as `<UTF-8 byte length>:<text>\n`, always
+//! beginning with the `user` field (or empty) and header `X-OpenWebUI-User-Id` (or empty); the
+//! kind and the parts that follow come from the first rule that applies:
 //! 1. Header `X-OpenWebUI-Chat-Id` (Open WebUI with `ENABLE_FORWARD_USER_INFO_HEADERS`), else
-//!    header `X-Session-Id`: the first 16 hex digits of SHA-256 over
-//!    `<caller>\n<source>\n<value>\n`, source `chat-id` or `session-id`.
-//! 2. A history without an answer (no `assistant` message after the first user message) starts a
-//!    conversation: the server draws a random 64-bit nonce, and the hex digits are the first 16 of
-//!    SHA-256 over `<caller>\nnonce\n` and three parts, each written as `<UTF-8 byte
-//!    length>:<text>\n`: the `user` field (or empty), header `X-OpenWebUI-User-Id` (or empty), and
-//!    the nonce as 16 lowercase hex digits. The id is known before the turn runs, and the answer
-//!    carries the nonce as an invisible mark: U+2060 WORD JOINER, then the 64 bits, most
-//!    significant first, as U+200B (0) and U+200C (1). Clients keep it in the text they resend,
-//!    trimming keeps it (it is not whitespace), and markdown shows nothing. It comes with the
-//!    answer's first content: in a stream with status lines, at the end of the first one, before
-//!    its line break (a `>` must begin its line); otherwise first of all (a stream's first content
-//!    chunk, sent as the stream starts; a non-stream answer's first characters), followed by a
-//!    blank line when the answer begins with markdown that must begin its line (`#`, `>`, a list
-//!    item, a table, a code fence). A stream with status lines that shows none sends it with its
-//!    first content, or at its end (before an error event).
-//! 3. A history whose first answer (the first `assistant` message after the first user message)
-//!    holds a mark: the nonce it holds, as in rule 2. Every later request of the conversation thus
-//!    finds the first turn's thread, whichever process serving a shared store answers it, and so
-//!    does the history of a first answer that was stopped early (the mark came first).
-//! 4. A history whose first answer holds no mark (a client that drops invisible characters):
-//!    SHA-256 over `<caller>\nhistory\n` and four parts written as in rule 2: the `user` field,
-//!    header `X-OpenWebUI-User-Id`, the first user message's text, and the first answer as the
-//!    client resends it, without invisible characters (U+200B–U+200D, U+2060, U+FEFF), its
-//!    whitespace runs made single spaces, trimmed. This is not the first turn's thread: the
-//!    conversation's thread begins with its second turn and does not remember the first (and two
-//!    chats whose first exchanges are the same share it).
+//!    header `X-Session-Id`: kind `chat-id` or `session-id`, then the id. Two users of one key
+//!    who send the same id have two threads. Open WebUI's ids that name no stored chat, those of
+//!    temporary chats (`local:…`) and channels (`channel:…`), count as absent. No mark is sent.
+//! 2. An assistant message (any, in order: the first whole mark wins) holds a mark: kind
+//!    `nonce`, then the nonce it holds as 16 lowercase hex digits. The answer carries the mark
+//!    again (below).
+//! 3. A history without an answer (no `assistant` message after the first user message with
+//!    text) starts a conversation: the server draws a random 64-bit nonce, and the id is that of
+//!    rule 2. The id is known before the turn runs.
+//! 4. A history whose answers hold no mark (a client that drops invisible characters): kind
+//!    `history`, then the first user message with text, and the first answer (the first
+//!    `assistant` message after it) as the client resends it, without invisible characters
+//!    (U+200B–U+200D, U+2060, U+FEFF), its whitespace runs made single spaces, trimmed. This is
+//!    not the first turn's thread: the conversation's thread begins with its second turn and does
+//!    not remember the first (and two chats whose first exchanges are the same share it). No mark
+//!    is sent.
+//!
+//! The mark is the nonce, invisible: U+2060 WORD JOINER, then the 64 bits, most significant
+//! first, as U+200B (0) and U+200C (1) (whitespace between them is skipped when it is read).
+//! Every answer of a conversation of rules 2 and 3 begins with it, followed by a blank line: a
+//! stream's first content chunk, right after the role chunk and before anything else (status
+//! lines, the answer); a non-stream answer's first characters. It is an invisible first
+//! paragraph, so the answer's markdown (a heading, a list, a table) begins a block of its own, and
+//! an answer stopped at any moment holds it. Clients keep it in the text they resend (trimming
+//! keeps it: it is not whitespace), so every later request of the conversation finds the first
+//! turn's thread, whichever process serving a shared store answers it, and so does a client that
+//! resends only the last messages, as long as one answer among them kept its mark. API callers
+//! that parse the content (JSON, an exact match) should send `X-Session-Id`: with it, or with a
+//! chat id, no mark is sent.
 //!
 //! `<caller>` is the hex SHA-256 of the caller's API key, or `anonymous` when the server has no
 //! keys, so two keys never share a thread; the `user` field and Open WebUI's user id keep one
 //! key's users apart. Two chats that both start with "hi" are two conversations (two nonces);
-//! regenerating or editing the first message starts a new one. A history whose thread does not
-//! exist starts it. A first turn that ends in an approval prompt leaves it pending on its thread,
+//! without headers, regenerating or editing the first message starts a new one (with a chat or
+//! session id, it goes on in the same thread). For Open WebUI, turn on
+//! `ENABLE_FORWARD_USER_INFO_HEADERS`: the chat id then wins (a chat is one thread however its
+//! messages are edited), and a cloned or shared chat, continued by another user, does not reach
+//! the owner's thread (the user id is part of the id). A history whose thread does not exist
+//! starts it. One-shot calls, regenerations and requests mistaken for turns each create an
+//! `oai-` thread that stays in the store; `peregrine threads delete` or `DELETE /threads/{id}`
+//! removes them. A first turn that ends in an approval prompt leaves it pending on its thread,
 //! so the next request (the history with the prompt, then `yes` or `no`) answers it; the agent's
 //! gateway reads the last user message. The last user message is the turn's input; the earlier
 //! messages only identify the conversation (the agent keeps its own history in its checkpoints,
@@ -176,12 +195,14 @@
 //! # Streaming
 //! Every chunk has the same `id` and `created`; the first delta is `{"role":"assistant"}`. With
 //! [`ServerOptions::status_lines`], progress goes **into the content** as lines such as
-//! `> planning…` or `> step 1/2 current_weather…`, followed by a blank line before the answer,
+//! `> planning…` or `> step 1/2 current_weather…` (after the conversation's mark and its blank
+//! line, when it has one: see Conversation identity), followed by a blank line before the answer,
 //! so that Open WebUI (which shows only content) shows what the agent is doing. Then come the
 //! answer tokens; a turn that streamed no tokens (an error report, an approval prompt, a reply)
 //! sends its text as one piece. When the answer's stream breaks and its call is made again, what
 //! was shown stays, followed by `_(the answer was cut off)_` on a line of its own and the answer
-//! of the new call (which is not sent again at the end). A final chunk carries `finish_reason:
+//! of the new call (which is not sent again at the end); when the call is made again without a
+//! reported failure, the note is `_(the answer was cut off; trying again)_`. A final chunk carries `finish_reason:
 //! "stop"` (every other chunk has `null`); with `stream_options.include_usage`, a chunk with
 //! `choices: []` and the turn's `usage` comes just before `data: [DONE]`. The response (and its
 //! first chunk) is held back until the turn's run starts, so that a message the gateway refuses
@@ -193,8 +214,9 @@
 //!
 //! # Cancellation
 //! On `/v1/chat/completions`, a client that disconnects (or drops a non-stream request) cancels
-//! the turn; its last checkpoint stays and the next message continues the conversation (a first
-//! answer stopped early carries its mark, see Conversation identity). Native runs are cancelled
+//! the turn; its last checkpoint stays and the next message continues the conversation (an
+//! answer stopped at any moment holds its conversation's mark, which comes first: see
+//! Conversation identity). Native runs are cancelled
 //! only by `POST …/cancel`.
 
 mod auth;

@@ -1,6 +1,7 @@
 //! What a turn's events become in an answer: status lines while the agent works (`> planning…`),
 //! the streamed answer tokens (a stream cut and retried is noted, not repeated), the invisible
-//! mark of a new conversation, and the token usage of the turn's LLM calls.
+//! mark of a conversation known by its nonce (the answer's first paragraph), and the token usage
+//! of the turn's LLM calls.
 
 use peregrine_agent::{CLASSIFIER, ERROR, ORCHESTRATOR, TASK_EXTRACTION};
 use peregrine_core::AgentEvent;
@@ -33,18 +34,6 @@ impl Usage {
     }
 }
 
-/// Where a new conversation's mark is.
-#[derive(Debug, Default)]
-enum Mark {
-    /// No mark (the conversation is not new), or it was placed.
-    #[default]
-    Done,
-    /// Not sent yet.
-    Pending(String),
-    /// Sent alone at the start; the first content after it is not placed yet.
-    Opened,
-}
-
 /// Follows one turn's events.
 #[derive(Debug, Default)]
 pub(crate) struct TurnTrace {
@@ -52,11 +41,12 @@ pub(crate) struct TurnTrace {
     last_status: Option<String>,
     /// The last content sent was a status line: an answer starts after a blank line.
     after_status: bool,
-    /// Whether any content was sent (the mark alone does not count).
+    /// Whether any content was sent.
     sent_any: bool,
     /// How many line breaks the content sent so far ends with (at most 2).
     trailing_newlines: usize,
-    mark: Mark,
+    /// The mark that opens the answer, until it is sent.
+    mark: Option<String>,
     /// The component and role whose tokens are the answer.
     source: Option<(String, String)>,
     /// The answer's stream broke after some text, and its caller has not asked again yet.
@@ -68,28 +58,19 @@ pub(crate) struct TurnTrace {
 }
 
 impl TurnTrace {
-    /// A trace that writes status lines when `status_lines`, and places `mark` (see
-    /// [`TurnTrace::opening`]).
+    /// A trace that writes status lines when `status_lines`, and opens the answer with `mark`
+    /// (see [`TurnTrace::opening`]).
     pub(crate) fn new(status_lines: bool, mark: Option<String>) -> Self {
-        Self { status_lines, mark: mark.map_or(Mark::Done, Mark::Pending), ..Self::default() }
+        Self { status_lines, mark, ..Self::default() }
     }
 
-    /// The content that opens the answer before any event: the mark alone when there are no
-    /// status lines (so that an answer stopped at any moment has it). With status lines, the
-    /// mark goes into the first one, just before its line break (a `>` must begin its line).
+    /// The content that opens the answer before any event: the mark followed by a blank line
+    /// (an invisible first paragraph, so that the answer's markdown begins a block of its own
+    /// and an answer stopped at any moment holds the mark); nothing without a mark.
     pub(crate) fn opening(&mut self) -> Vec<String> {
-        if self.status_lines {
-            return Vec::new();
-        }
-        match std::mem::take(&mut self.mark) {
-            Mark::Pending(mark) => {
-                self.mark = Mark::Opened;
-                vec![mark]
-            }
-            other => {
-                self.mark = other;
-                Vec::new()
-            }
+        match self.mark.take() {
+            Some(mark) => self.deliver(format!("{mark}\n\n")),
+            None => Vec::new(),
         }
     }
 
@@ -148,28 +129,15 @@ impl TurnTrace {
         if !self.status_lines || !self.answer.is_empty() || self.last_status.as_deref() == Some(status.as_str()) {
             return Vec::new();
         }
-        let line = match std::mem::take(&mut self.mark) {
-            Mark::Pending(mark) => format!("> {status}…{mark}\n"),
-            other => {
-                self.mark = other;
-                format!("> {status}…\n")
-            }
-        };
+        let line = format!("> {status}…\n");
         self.last_status = Some(status);
         let pieces = self.deliver(line);
         self.after_status = true;
         pieces
     }
 
-    /// `piece` as it is sent: after the mark when the mark is still to come (and after a
-    /// blank line when the piece begins with markdown that must begin its line); notes how
-    /// the content now ends.
+    /// `piece` as it is sent; notes how the content now ends.
     fn deliver(&mut self, piece: String) -> Vec<String> {
-        let piece = match std::mem::take(&mut self.mark) {
-            Mark::Pending(mark) => marked(&mark, &piece),
-            Mark::Opened => marked("", &piece),
-            Mark::Done => piece,
-        };
         self.after_status = false;
         self.sent_any = true;
         let newlines = piece.chars().rev().take_while(|c| *c == '\n').count();
@@ -180,11 +148,11 @@ impl TurnTrace {
 
     /// The content that ends the answer: the turn's response text when it was not streamed
     /// (error reports, approval prompts, replies) or differs from what was (always for a failed
-    /// turn), after a blank line; and the mark if it was not sent yet.
+    /// turn), after a blank line.
     pub(crate) fn closing_text(&mut self, response: Option<&str>, failed: bool) -> Option<String> {
         let response = response.filter(|text| !text.trim().is_empty());
         let already_shown = response.is_some_and(|text| !self.answer.trim().is_empty() && self.answer.trim() == text.trim());
-        let Some(response) = response.filter(|_| failed || !already_shown) else { return self.unsent_mark() };
+        let response = response.filter(|_| failed || !already_shown)?;
         let separator = match (self.sent_any, self.trailing_newlines) {
             (false, _) | (true, 2..) => "",
             (true, 1) => "\n",
@@ -192,25 +160,6 @@ impl TurnTrace {
         };
         self.deliver(format!("{separator}{response}")).pop()
     }
-
-    /// The mark, when no content has carried it yet (a stream that ends with an error).
-    pub(crate) fn unsent_mark(&mut self) -> Option<String> {
-        match std::mem::take(&mut self.mark) {
-            Mark::Pending(mark) => Some(mark),
-            _ => None,
-        }
-    }
-}
-
-/// `mark`, then `text`: with a blank line between when `text` begins with markdown that only
-/// counts at the start of a line (a heading, a quote, a list item, a table, a code fence), so
-/// that the mark does not break it.
-pub(crate) fn marked(mark: &str, text: &str) -> String {
-    let spaced = text.trim_start_matches(' ');
-    let digits = spaced.trim_start_matches(|c: char| c.is_ascii_digit());
-    let block = spaced.starts_with(['#', '>', '-', '*', '+', '|', '`', '~', '<', '='])
-        || (digits.len() < spaced.len() && digits.starts_with(['.', ')']));
-    if block { format!("{mark}\n\n{text}") } else { format!("{mark}{text}") }
 }
 
 /// The status of a framework node starting (capability steps have their own event).
@@ -349,44 +298,24 @@ mod tests {
     }
 
     #[test]
-    fn the_mark_goes_into_the_first_status_line_or_opens_the_answer() {
+    fn the_mark_and_a_blank_line_open_the_answer_before_anything_else() {
         const MARK: &str = "\u{2060}\u{200B}\u{200C}";
         let mut trace = TurnTrace::new(true, Some(MARK.to_owned()));
-        assert!(trace.opening().is_empty(), "with status lines the mark waits for the first one");
+        assert_eq!(trace.opening(), [format!("{MARK}\n\n")]);
+        assert!(trace.opening().is_empty(), "once");
         let pieces = content(&mut trace, &[node(TASK_EXTRACTION), node(ORCHESTRATOR), token("> quoted")]);
-        assert_eq!(pieces, [format!("> understanding the request…{MARK}\n"), "> planning…\n".into(), "\n".into(), "> quoted".into()]);
-        assert_eq!(trace.unsent_mark(), None);
+        assert_eq!(pieces, ["> understanding the request…\n", "> planning…\n", "\n", "> quoted"], "no mark in the status lines");
 
-        let mut trace = TurnTrace::new(false, Some(MARK.to_owned()));
-        assert_eq!(trace.opening(), [MARK]);
-        assert_eq!(content(&mut trace, &[token("# Weather"), token("\n")]), ["\n\n# Weather", "\n"], "a heading stays a heading");
-        assert_eq!(trace.closing_text(Some("Report"), true).as_deref(), Some("\nReport"));
+        // Without status lines: the answer's markdown begins its own block after the mark.
         let mut trace = TurnTrace::new(false, Some(MARK.to_owned()));
         trace.opening();
-        assert_eq!(content(&mut trace, &[token("Hello")]), ["Hello"]);
+        assert_eq!(content(&mut trace, &[token("1. one"), token("\n2. two")]), ["1. one", "\n2. two"], "a list stays a list");
         let mut trace = TurnTrace::new(false, Some(MARK.to_owned()));
         trace.opening();
-        assert_eq!(trace.closing_text(Some("Approve?"), false).as_deref(), Some("Approve?"), "no blank line after the mark alone");
-
-        // Status lines on, but the turn shows none: the mark comes with the first content, or last.
+        assert_eq!(trace.closing_text(Some("Approve?"), false).as_deref(), Some("Approve?"), "the blank line is already there");
         let mut trace = TurnTrace::new(true, Some(MARK.to_owned()));
-        assert_eq!(trace.closing_text(Some("- a\n- b"), false), Some(format!("{MARK}\n\n- a\n- b")));
-        let mut trace = TurnTrace::new(true, Some(MARK.to_owned()));
-        assert_eq!(trace.closing_text(None, false).as_deref(), Some(MARK));
-        let mut trace = TurnTrace::new(true, Some(MARK.to_owned()));
-        assert_eq!(trace.unsent_mark().as_deref(), Some(MARK));
-        assert_eq!(trace.unsent_mark(), None);
-    }
-
-    #[test]
-    fn markdown_that_begins_a_line_gets_a_blank_line_after_the_mark() {
-        for block in
-            ["# Title", "> quote", "- item", "* item", "1. item", "12) item", "| a | b |", "```rust", "~~~", "<details>", "  ## indented"]
-        {
-            assert_eq!(marked("M", block), format!("M\n\n{block}"), "{block:?}");
-        }
-        for text in ["Hello", "12 °C", "", "\nHello", "_x_", "2024"] {
-            assert_eq!(marked("M", text), format!("M{text}"), "{text:?}");
-        }
+        trace.opening();
+        assert_eq!(trace.closing_text(None, false), None);
+        assert!(TurnTrace::new(true, None).opening().is_empty(), "no mark, nothing");
     }
 }

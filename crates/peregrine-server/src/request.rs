@@ -24,6 +24,21 @@ pub const DEFAULT_USER: &str = "api";
 /// How the prompts of Open WebUI's background tasks (title, tags, follow-ups, search queries,
 /// autocompletion, image prompts) begin.
 pub(crate) const TASK_PROMPT_PREFIX: &str = "### Task:";
+/// Open WebUI's background task names (its `TASKS`, as `metadata.task` holds them), but
+/// `function_calling`, whose prompt is a conversation's.
+pub(crate) const TASK_NAMES: [&str; 8] = [
+    "title_generation",
+    "tags_generation",
+    "follow_up_generation",
+    "query_generation",
+    "emoji_generation",
+    "autocomplete_generation",
+    "image_prompt_generation",
+    "moa_response_generation",
+];
+/// The prefixes of Open WebUI's chat ids that name no stored chat (temporary chats, channels):
+/// such an id counts as absent.
+const UNSTORED_CHAT_PREFIXES: [&str; 2] = ["local:", "channel:"];
 
 /// The part of a `POST /v1/chat/completions` body the server uses.
 #[derive(Debug, Clone, Deserialize)]
@@ -147,21 +162,22 @@ impl ChatRequest {
     }
 
     /// The background task of Open WebUI this request is, if it is one: a request whose
-    /// `metadata.task` is a non-empty string (a client that passes Open WebUI's metadata on), or
-    /// whose only message but system / developer ones is a user message that begins with
-    /// [`TASK_PROMPT_PREFIX`] and is not Open WebUI's RAG template (a question about files,
-    /// knowledge or a web search, which holds `<context>` … `</context>`). Its prompt is that
-    /// message (for `metadata.task`, the last user message); nothing else is forwarded.
+    /// `metadata.task` is one of [`TASK_NAMES`] (a client that passes Open WebUI's metadata on),
+    /// or whose only message but system / developer ones is a user message that begins with
+    /// [`TASK_PROMPT_PREFIX`] and holds a `<chat_history>` … `</chat_history>` block (every task
+    /// template of Open WebUI has one; its RAG template, a question about files, knowledge or a
+    /// web search, has none). Its prompt is that message (for `metadata.task`, the last user
+    /// message); nothing else is forwarded.
     pub(crate) fn background_task(&self) -> Option<BackgroundTask> {
         let named = non_empty(self.metadata.as_ref().and_then(|metadata| metadata.get("task")).and_then(Value::as_str));
-        if let Some(task) = named {
+        if let Some(task) = named.filter(|task| TASK_NAMES.contains(task)) {
             let prompt = self.messages.iter().rev().find(|message| message.role == "user")?.text()?;
-            return Some(BackgroundTask { name: task.chars().take(60).collect(), prompt });
+            return Some(BackgroundTask { name: task.to_owned(), prompt });
         }
         let mut others = self.messages.iter().filter(|message| !is_instruction(&message.role));
         let (Some(only), None) = (others.next(), others.next()) else { return None };
         let prompt = only.text().filter(|_| only.role == "user")?;
-        (prompt.trim_start().starts_with(TASK_PROMPT_PREFIX) && !is_rag_prompt(&prompt))
+        (prompt.trim_start().starts_with(TASK_PROMPT_PREFIX) && holds_chat_history(&prompt))
             .then(|| BackgroundTask { name: "task prompt".to_owned(), prompt })
     }
 
@@ -198,29 +214,36 @@ impl ChatRequest {
         Some(answer.text().unwrap_or_default())
     }
 
+    /// The nonce of the first whole mark in the assistant messages, in order (any of a
+    /// conversation's answers carries it, so a history the client cut to its last messages
+    /// still has it).
+    fn marked_nonce(&self) -> Option<Nonce> {
+        self.messages.iter().filter(|message| message.role == "assistant").find_map(|message| Nonce::find(&message.text()?))
+    }
+
     /// The conversation of this request from `caller`, or why the messages cannot be used.
     pub(crate) fn conversation(&self, caller: &Caller, headers: &HeaderMap) -> Result<Conversation, ApiError> {
         let input = self.input()?;
         let user = self.user();
         let openwebui_user = header(headers, USER_ID_HEADER);
         let people = People { caller: *caller, user: user.unwrap_or_default(), openwebui_user: openwebui_user.unwrap_or_default() };
-        let (thread_id, identity, mark) = if let Some(chat_id) = header(headers, CHAT_ID_HEADER) {
-            (header_thread_id(caller, "chat-id", chat_id), Identity::ChatId, None)
+        let chat_id = header(headers, CHAT_ID_HEADER).filter(|id| !UNSTORED_CHAT_PREFIXES.iter().any(|prefix| id.starts_with(prefix)));
+        let (thread_id, identity, mark) = if let Some(chat_id) = chat_id {
+            (people.thread_id("chat-id", &[chat_id]), Identity::ChatId, None)
         } else if let Some(session_id) = header(headers, SESSION_ID_HEADER) {
-            (header_thread_id(caller, "session-id", session_id), Identity::SessionId, None)
+            (people.thread_id("session-id", &[session_id]), Identity::SessionId, None)
+        } else if let Some(nonce) = self.marked_nonce() {
+            (people.nonce_thread_id(nonce), Identity::Mark, Some(nonce.mark()))
         } else {
             match self.first_answer() {
                 None => {
                     let nonce = Nonce::random();
                     (people.nonce_thread_id(nonce), Identity::New, Some(nonce.mark()))
                 }
-                Some(answer) => match Nonce::find(&answer) {
-                    Some(nonce) => (people.nonce_thread_id(nonce), Identity::Mark, None),
-                    None => {
-                        let first_message = self.first_user_index().and_then(|index| self.messages[index].text()).unwrap_or_default();
-                        (people.history_thread_id(&first_message, &answer), Identity::History, None)
-                    }
-                },
+                Some(answer) => {
+                    let first_message = self.first_user_index().and_then(|index| self.messages[index].text()).unwrap_or_default();
+                    (people.history_thread_id(&first_message, &answer), Identity::History, None)
+                }
             }
         };
         let user = user.or(openwebui_user).unwrap_or(DEFAULT_USER);
@@ -239,9 +262,10 @@ fn is_instruction(role: &str) -> bool {
     matches!(role, "system" | "developer")
 }
 
-/// Whether `text` holds Open WebUI's RAG template: `<context>`, then `</context>`.
-fn is_rag_prompt(text: &str) -> bool {
-    text.find("<context>").is_some_and(|at| text[at..].contains("</context>"))
+/// Whether `text` holds a chat history as Open WebUI's task templates put it: `<chat_history>`,
+/// then `</chat_history>`.
+fn holds_chat_history(text: &str) -> bool {
+    text.find("<chat_history>").is_some_and(|at| text[at..].contains("</chat_history>"))
 }
 
 /// Whether a `tool_choice` forces a tool call: `"required"`, a named function (or any other
@@ -260,7 +284,7 @@ fn forces_a_tool(choice: &Value) -> bool {
 /// One of Open WebUI's background tasks: answered by one LLM call with its prompt alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BackgroundTask {
-    /// `metadata.task` (at most 60 characters), or `task prompt`.
+    /// `metadata.task` (one of [`TASK_NAMES`]), or `task prompt`.
     pub name: String,
     /// The user message forwarded to the model.
     pub prompt: String,
@@ -273,8 +297,9 @@ pub(crate) struct Conversation {
     pub thread_id: String,
     /// How `thread_id` was found.
     pub identity: Identity,
-    /// For a new conversation: the [`Nonce::mark`] its first answer carries, from which the
-    /// conversation's later requests derive `thread_id` again.
+    /// For a conversation known by its nonce (new, or found by its mark): the [`Nonce::mark`]
+    /// that opens every answer, from which the conversation's later requests derive `thread_id`
+    /// again.
     pub mark: Option<String>,
     /// The last user message: the turn's input.
     pub input: String,
@@ -291,13 +316,13 @@ pub(crate) enum Identity {
     SessionId,
     /// A new conversation: a fresh nonce.
     New,
-    /// The nonce marked in the first answer.
+    /// The nonce marked in an answer.
     Mark,
-    /// The first exchange, for a first answer without its mark.
+    /// The first exchange, for a history whose answers hold no mark.
     History,
 }
 
-/// Who a conversation without a chat or session id belongs to.
+/// Who a conversation belongs to.
 #[derive(Debug, Clone, Copy)]
 struct People<'a> {
     caller: Caller,
@@ -315,13 +340,15 @@ impl People<'_> {
         self.thread_id("nonce", &[&format!("{:016x}", nonce.0)])
     }
 
-    /// The thread of a conversation whose first answer has no mark (a client dropped it): as
+    /// The thread of a conversation whose answers hold no mark (a client dropped it): as
     /// [`People::nonce_thread_id`] with `history` for `nonce` and the first user message and
     /// the first answer as [`normalize_answer`] makes it for the nonce.
     fn history_thread_id(&self, first_message: &str, answer: &str) -> String {
         self.thread_id("history", &[first_message, &normalize_answer(answer)])
     }
 
+    /// `oai-<owner tag>-` + the first 16 hex digits of SHA-256 over `<caller>\n<kind>\n` and the
+    /// `user` field, header `X-OpenWebUI-User-Id` and `parts`, each as `<UTF-8 byte length>:<text>\n`.
     fn thread_id(&self, kind: &str, parts: &[&str]) -> String {
         let mut hasher = Sha256::new();
         hasher.update(caller_line(&self.caller));
@@ -366,10 +393,11 @@ impl Nonce {
             .collect()
     }
 
-    /// The nonce of the first whole mark in `text`.
+    /// The nonce of the first whole mark in `text`. Whitespace between its characters is
+    /// skipped (a client that re-wraps the text it resends may put line breaks there).
     pub(crate) fn find(text: &str) -> Option<Self> {
         text.match_indices(MARK_START).find_map(|(at, start)| {
-            let mut bits = text[at + start.len()..].chars();
+            let mut bits = text[at + start.len()..].chars().filter(|c| !c.is_whitespace());
             let mut value = 0u64;
             for _ in 0..MARK_BITS {
                 value = (value << 1)
@@ -394,18 +422,6 @@ pub(crate) fn normalize_answer(text: &str) -> String {
 
 fn caller_line(caller: &Caller) -> Vec<u8> {
     format!("{}\n", caller.identity()).into_bytes()
-}
-
-/// `oai-<owner tag>-` + the first 16 hex digits of SHA-256 over `caller`, `source` and `key`,
-/// each followed by a newline.
-fn header_thread_id(caller: &Caller, source: &str, key: &str) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(caller_line(caller));
-    for part in [source, key] {
-        hasher.update(part.as_bytes());
-        hasher.update(b"\n");
-    }
-    oai_thread_id(caller, &hasher.finalize())
 }
 
 fn oai_thread_id(caller: &Caller, digest: &[u8]) -> String {
@@ -544,8 +560,13 @@ mod tests {
             // A model with a system prompt in Open WebUI gets it in its task requests too: not forwarded.
             (json!({"messages": [system, developer, user(title)]}), task(title)),
             (json!({"messages": [user(title), system]}), task(title)),
-            // A question about files, knowledge or a web search (the RAG template) is a turn.
+            // A question about files, knowledge or a web search (the RAG template) is a turn, and
+            // so is any `### Task:` message without a chat history.
             (json!({"messages": [user(rag)]}), None),
+            (json!({"messages": [user("### Task:\nTell me a joke about clouds.")]}), None),
+            (json!({"messages": [user("### Task:\n<chat_history>\nUSER: hi")]}), None),
+            (json!({"messages": [user("hi")], "metadata": {"task": "my_task"}}), None),
+            (json!({"messages": [user("hi")], "metadata": {"task": "function_calling"}}), None),
             (json!({"messages": [user("What is ### Task: about?")]}), None),
             (json!({"messages": [user(title), assistant("t"), user("hi")]}), None),
             (json!({"messages": [user("hi"), assistant("t"), user(title)]}), None),
@@ -582,11 +603,21 @@ mod tests {
         let answer = format!("> planning{mark}…\n\nHello! How can I help?");
         let later =
             conversation(json!([{"role": "system", "content": "s"}, user("hi"), assistant(&answer), user("weather?")]), &anonymous, &none);
-        assert_eq!((later.thread_id.as_str(), later.identity, later.mark.as_ref()), (first.thread_id.as_str(), Identity::Mark, None));
+        assert_eq!(
+            (later.thread_id.as_str(), later.identity, later.mark.as_ref()),
+            (first.thread_id.as_str(), Identity::Mark, Some(&mark)),
+            "every answer of the conversation carries its mark"
+        );
         assert_eq!(later.input, "weather?");
         let further =
             conversation(json!([user("hi"), assistant(&answer), user("weather?"), assistant("sunny"), user("thanks")]), &anonymous, &none);
-        assert_eq!(further.thread_id, first.thread_id, "only the first answer counts");
+        assert_eq!(further.thread_id, first.thread_id, "an answer without the mark changes nothing");
+        // A client that sends only the last messages: any answer's mark finds the thread.
+        let sunny = format!("{mark}\n\nsunny");
+        let truncated = conversation(json!([assistant(&sunny), user("thanks")]), &anonymous, &none);
+        assert_eq!((truncated.thread_id.as_str(), truncated.identity), (first.thread_id.as_str(), Identity::Mark));
+        let truncated = conversation(json!([user("weather?"), assistant("no mark"), assistant(&sunny), user("thanks")]), &anonymous, &none);
+        assert_eq!(truncated.thread_id, first.thread_id, "the first whole mark of any answer");
         // A stopped answer holds the mark as soon as it holds anything; the first user message does not count.
         let stopped = conversation(json!([user("hello?"), assistant(&format!("> plan{mark}")), user("go on")]), &anonymous, &none);
         assert_eq!(stopped.thread_id, first.thread_id);
@@ -595,8 +626,8 @@ mod tests {
             .conversation(&anonymous, &none)
             .unwrap();
         assert_ne!(other_user.thread_id, first.thread_id);
-        // An assistant greeting before the first user message does not make a history.
-        let greeted = conversation(json!([assistant(&answer), user("hi")]), &anonymous, &none);
+        // An assistant greeting (without a mark) before the first user message does not make a history.
+        let greeted = conversation(json!([assistant("Hello! Ask me anything."), user("hi")]), &anonymous, &none);
         assert_eq!(greeted.identity, Identity::New);
     }
 
@@ -607,7 +638,9 @@ mod tests {
             assert_eq!(mark.chars().count(), 1 + MARK_BITS);
             assert!(mark.chars().all(|c| !c.is_whitespace() && matches!(c, MARK_START | MARK_ZERO | MARK_ONE)), "{mark:?}");
             assert_eq!(mark.trim(), mark, "trimming keeps it");
-            for text in [mark.clone(), format!("> planning{mark}…\n"), format!("x\u{2060}y{mark} and \u{2060}\u{200B} more")] {
+            let (head, tail) = mark.split_at(mark.char_indices().nth(30).unwrap().0);
+            let rewrapped = format!("{head}\n \r\n{tail}");
+            for text in [mark.clone(), format!("> planning{mark}…\n"), format!("x\u{2060}y{mark} and \u{2060}\u{200B} more"), rewrapped] {
                 assert_eq!(Nonce::find(&text), Some(nonce), "{text:?}");
             }
         }
@@ -691,9 +724,35 @@ mod tests {
         assert!(by_chat.mark.is_none() && by_session.mark.is_none(), "the header names the conversation: no mark");
         assert_ne!(by_chat.thread_id, by_session.thread_id);
         assert_ne!(by_chat.thread_id, other_chat.thread_id);
-        // The ids of chat-id threads are those of earlier versions: SHA-256 over caller, source and id.
+        // SHA-256 over caller, source, and the user parts and the id, length-prefixed.
         let mut hasher = Sha256::new();
-        hasher.update(b"anonymous\nchat-id\nc1\n");
+        hasher.update(b"anonymous\nchat-id\n0:\n0:\n2:c1\n");
         assert_eq!(by_chat.thread_id, oai_thread_id(anonymous, &hasher.finalize()));
+
+        // Two users of one key with the same session id have two threads.
+        let by_user = |user_field: Value, headers: &HeaderMap| {
+            request(json!({"model": "m", "user": user_field, "messages": [user("hello")]})).conversation(anonymous, headers).unwrap()
+        };
+        let session = with_header(SESSION_ID_HEADER, "s1");
+        let (ada, bob, nobody) = (by_user(json!("ada"), &session), by_user(json!("bob"), &session), by_user(Value::Null, &session));
+        assert!(ada.thread_id != bob.thread_id && ada.thread_id != nobody.thread_id && bob.thread_id != nobody.thread_id);
+        assert_eq!(by_user(json!("ada"), &session).thread_id, ada.thread_id);
+        let mut webui = with_header(CHAT_ID_HEADER, "c1");
+        webui.insert(USER_ID_HEADER, HeaderValue::from_static("u1"));
+        let owner = conversation(json!([user("hello")]), anonymous, &webui);
+        webui.insert(USER_ID_HEADER, HeaderValue::from_static("u2"));
+        let clone = conversation(json!([user("hello")]), anonymous, &webui);
+        assert_eq!(owner.identity, Identity::ChatId);
+        assert_ne!(owner.thread_id, clone.thread_id, "a shared chat's other user does not reach the owner's thread");
+
+        // Temporary chats and channels have no stored chat: their ids count as absent.
+        for unstored in ["local:abc", "channel:xyz"] {
+            let temporary = conversation(json!([user("hello")]), anonymous, &with_header(CHAT_ID_HEADER, unstored));
+            assert_eq!(temporary.identity, Identity::New, "{unstored}");
+            assert!(temporary.mark.is_some());
+            let mut headers = with_header(CHAT_ID_HEADER, unstored);
+            headers.insert(SESSION_ID_HEADER, HeaderValue::from_static("c1"));
+            assert_eq!(conversation(json!([user("hello")]), anonymous, &headers).thread_id, by_session.thread_id);
+        }
     }
 }

@@ -169,10 +169,10 @@ async fn a_stream_has_role_status_lines_tokens_stop_and_usage() {
         assert!(chunk["choices"][0]["finish_reason"].is_null(), "finish_reason is null until the end: {chunk}");
     }
     let text: String = with_choices.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
-    let (status, answer) = text.split_once("\n\n").unwrap_or_else(|| panic!("status lines, a blank line, the answer: {text:?}"));
-    let mark = mark_in(status);
-    assert!(status.starts_with("> understanding the request…\u{2060}"), "a new conversation's mark ends the first status line: {status:?}");
-    let status = status.replace(&mark, "");
+    let mark = mark_in(&text);
+    let after_mark = text.strip_prefix(&format!("{mark}\n\n")).unwrap_or_else(|| panic!("the mark and a blank line first: {text:?}"));
+    let (status, answer) = after_mark.split_once("\n\n").unwrap_or_else(|| panic!("status lines, a blank line, the answer: {text:?}"));
+    assert!(status.starts_with("> understanding the request…\n"), "{status:?}");
     assert!(status.lines().all(|line| line.starts_with("> ") && line.ends_with('…')), "{status:?}");
     assert!(status.contains("> planning…") && status.contains("> step 1/2 current_weather…"), "{status:?}");
     assert!(answer.starts_with("Here is the current weather.") && answer.contains("Weather in Prague"), "{answer:?}");
@@ -188,7 +188,8 @@ async fn a_stream_without_status_lines_or_usage_is_only_the_answer() {
     let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|event| serde_json::from_str(event).unwrap()).collect();
     assert!(chunks.iter().all(|chunk| chunk["choices"].as_array().is_some_and(|choices| choices.len() == 1)), "no usage chunk");
     let text: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
-    let answer = text.strip_prefix(&mark_in(&text)).unwrap_or_else(|| panic!("a new conversation's mark comes first: {text:?}"));
+    let answer =
+        text.strip_prefix(&format!("{}\n\n", mark_in(&text))).unwrap_or_else(|| panic!("a new conversation's mark comes first: {text:?}"));
     assert!(answer.starts_with("Here is the current weather.") && answer.contains("Weather in Prague"), "{text:?}");
 }
 
@@ -431,7 +432,7 @@ async fn two_chats_that_start_alike_are_two_conversations() {
     let (status, done) = served.chat(json!([user(PLANNING), assistant(&prompt_a), user("yes")])).await;
     assert_eq!(status, 200, "{done}");
     assert!(content(&done).contains("Weather in Prague"), "{done}");
-    assert!(!content(&done).contains(is_mark), "only a conversation's first answer has a mark: {done}");
+    assert!(content(&done).starts_with(&format!("{}\n\n", mark_in(&prompt_a))), "every answer carries its conversation's mark: {done}");
     assert_eq!(served.calls(LlmCall::CurrentWeather), 1, "only A's approved plan ran");
     assert_eq!(served.threads().await.len(), 2);
 }
@@ -441,7 +442,11 @@ async fn a_streamed_first_turn_is_continued_by_the_history_the_client_resends() 
     let served = serve(weather_script(), options()).await;
     let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
     let streamed = streamed_content(&served.post(&body).send().await.unwrap().text().await.unwrap());
-    assert!(streamed.starts_with("> ") && streamed.contains("Weather in Prague"), "status lines and the answer: {streamed:?}");
+    let mark = mark_in(&streamed);
+    assert!(
+        streamed.starts_with(&format!("{mark}\n\n> ")) && streamed.contains("Weather in Prague"),
+        "status lines and the answer: {streamed:?}"
+    );
     let first = served.threads().await;
     assert_eq!(first.len(), 1, "{first:?}");
 
@@ -450,28 +455,48 @@ async fn a_streamed_first_turn_is_continued_by_the_history_the_client_resends() 
     assert!(second.contains("Weather in Prague"), "{second:?}");
     assert_eq!(served.threads().await, first, "the second turn ran on the first turn's thread");
     assert_eq!(served.user_messages(&first[0]).await, 2);
+    assert!(second.starts_with(&format!("{mark}\n\n")), "the second answer carries the mark too: {second:?}");
+
+    // A client that sends only the last messages (here without the first answer) still finds it.
+    let body = json!({"model": MODEL, "messages": [user("And now?"), assistant(&second), user("And tomorrow?")], "stream": true});
+    let third = streamed_content(&served.post(&body).send().await.unwrap().text().await.unwrap());
+    assert!(third.starts_with(&format!("{mark}\n\n")), "{third:?}");
+    assert_eq!(served.threads().await, first, "the truncated history found the conversation's thread");
+    assert_eq!(served.user_messages(&first[0]).await, 3);
 }
 
 #[tokio::test]
-async fn the_mark_comes_first_and_never_begins_a_line() {
-    let served = serve(weather_script(), options()).await;
-    // With status lines: at the end of the first one, before its line break.
-    let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
-    let streamed = streamed_content(&served.post(&body).send().await.unwrap().text().await.unwrap());
-    let mark = mark_in(&streamed);
-    let first_line = streamed.lines().next().unwrap();
-    assert!(first_line.starts_with("> ") && first_line.ends_with(&mark), "{streamed:?}");
-    assert_eq!(streamed.matches('\u{2060}').count(), 1, "one mark: {streamed:?}");
-    assert!(streamed.lines().all(|line| !line.starts_with(is_mark)), "{streamed:?}");
+async fn the_mark_and_a_blank_line_are_the_first_content_chunk() {
+    for status_lines in [true, false] {
+        let served = serve(weather_script(), ServerOptions { status_lines, ..options() }).await;
+        let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
+        let events = sse_events(&served.post(&body).send().await.unwrap().text().await.unwrap());
+        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|event| serde_json::from_str(event).unwrap()).collect();
+        assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant"}));
+        let first_content = chunks[1]["choices"][0]["delta"]["content"].as_str().unwrap_or_else(|| panic!("{chunks:?}"));
+        assert_eq!(first_content, format!("{}\n\n", mark_in(first_content)), "right after the role chunk: {chunks:?}");
+        let text: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
+        assert_eq!(text.matches('\u{2060}').count(), 1, "one mark: {text:?}");
+        let rest = &text[first_content.len()..];
+        let expected = if status_lines { "> understanding the request…" } else { "Here is the current weather." };
+        assert!(rest.starts_with(expected), "{text:?}");
+    }
+}
 
-    // Without status lines: the stream's first content chunk, before any event of the turn.
-    let quiet = serve(weather_script(), ServerOptions { status_lines: false, ..options() }).await;
-    let events = sse_events(&quiet.post(&body).send().await.unwrap().text().await.unwrap());
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|event| serde_json::from_str(event).unwrap()).collect();
-    let first_content = chunks.iter().find_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).unwrap();
-    assert_eq!(first_content, mark_in(first_content), "{chunks:?}");
-    let text: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
-    assert!(text.trim_start_matches(is_mark).starts_with("Here is the current weather."), "{text:?}");
+#[tokio::test]
+async fn an_answer_that_begins_with_a_list_stays_a_list() {
+    const LIST: &str = "1. Prague: 12 °C\n2. Brno: 14 °C";
+    let served = serve(with_weather_replies(Script::new().on_plain(Reply::text(LIST))), options()).await;
+    let (status, body) = served.chat(json!([user(QUESTION)])).await;
+    assert_eq!(status, 200, "{body}");
+    let answer = content(&body);
+    let mark = mark_in(&answer);
+    assert!(answer.starts_with(&format!("{mark}\n\n{LIST}")), "an invisible paragraph, then the list on a line of its own: {answer:?}");
+    let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
+    let quiet =
+        serve(with_weather_replies(Script::new().on_plain(Reply::text(LIST))), ServerOptions { status_lines: false, ..options() }).await;
+    let streamed = streamed_content(&quiet.post(&body).send().await.unwrap().text().await.unwrap());
+    assert!(streamed.starts_with(&format!("{}\n\n{LIST}", mark_in(&streamed))), "{streamed:?}");
 }
 
 #[tokio::test]
@@ -618,11 +643,17 @@ async fn a_question_with_retrieved_context_is_a_turn_and_a_task_prompt_with_a_hi
     assert_eq!(served.threads().await, threads);
     assert_eq!(served.user_messages(&threads[0]).await, 2);
 
+    // A message that begins with `### Task:` but holds no chat history is a turn too.
+    let (status, own) = served.chat(json!([user("### Task:\nWhat's the weather in Prague?")])).await;
+    assert_eq!(status, 200, "{own}");
+    assert!(content(&own).contains("Weather in Prague"), "the agent answered: {own}");
+    assert_eq!(served.threads().await.len(), 2, "a conversation of its own");
+
     // `### Task:` in a conversation's later message is that conversation's turn.
     let history = json!([user(QUESTION), assistant(&content(&answered)), user("### Task:\nWhat's the weather in Prague?")]);
     let (status, turn) = served.chat(history).await;
     assert_eq!(status, 200, "{turn}");
-    assert_eq!(served.calls(LlmCall::TaskExtraction), 3, "three turns");
+    assert_eq!(served.calls(LlmCall::TaskExtraction), 4, "four turns");
     assert_eq!(served.user_messages(&threads[0]).await, 3);
 }
 
@@ -631,7 +662,8 @@ async fn a_background_tasks_answer_is_cut_at_its_limit() {
     let endless: Vec<String> = (0..1500).map(|piece| format!("w{piece} ")).collect();
     let script = Script::new().on_prompt_containing("### Task:", Reply::text(endless.concat()).with_chunks(endless.clone()));
     let served = serve(with_weather_replies(script), options()).await;
-    let (status, body) = served.chat(json!([user("### Task:\nGenerate 1-3 broad tags categorizing the main themes.")])).await;
+    let prompt = "### Task:\nGenerate 1-3 broad tags categorizing the main themes.\n<chat_history>\nUSER: hi\n</chat_history>";
+    let (status, body) = served.chat(json!([user(prompt)])).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
     let text = content(&body);
@@ -651,9 +683,10 @@ async fn error_texts_are_redacted() {
     let redact: peregrine_server::Redact = Arc::new(|text: &str| text.replace(SECRET, "[REDACTED]"));
     let served = serve(Script::new().otherwise(Reply::fault(fault)), ServerOptions { redact, ..options() }).await;
 
-    let task = json!({"model": MODEL, "messages": [user("### Task:\nGenerate a title.")]});
+    let task = json!({"model": MODEL, "messages": [user("### Task:\nGenerate a title.\n<chat_history>\nUSER: hi\n</chat_history>")]});
     let response = served.post(&task).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 500);
+    assert!(response.headers().get("x-should-retry").is_none(), "a failed task changed nothing: retrying is fine");
     let text = response.text().await.unwrap();
     assert!(text.contains("[REDACTED]") && !text.contains(SECRET), "{text}");
     assert_error(&serde_json::from_str(&text).unwrap(), None);

@@ -194,6 +194,15 @@ async fn the_client_reads_a_stream_with_status_lines_and_usage() {
     let observed = run_check(&served, "stream").await;
     let content = text(&observed, "/content");
     assert!(content.contains("> planning…"), "status lines come first: {content:?}");
+    let second = text(&observed, "/second_content");
+    let mark: String = second.chars().take(65).collect();
+    assert!(
+        mark.starts_with('\u{2060}')
+            && mark.chars().skip(1).all(|c| matches!(c, '\u{200B}' | '\u{200C}'))
+            && second == format!("{mark}\n\n"),
+        "the chunk after the role's is the mark and a blank line: {second:?}"
+    );
+    assert!(content.starts_with(&format!("{mark}\n\n> ")), "{content:?}");
     assert!(content.contains("Weather in Prague"), "{content:?}");
     assert_eq!(observed["finish_reasons"], serde_json::json!(["stop"]), "{observed}");
     assert_eq!(observed["first_role"], "assistant", "{observed}");

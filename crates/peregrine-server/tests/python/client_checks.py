@@ -21,6 +21,8 @@ import openai
 QUESTION = "What's the weather in Prague?"
 PLANNING = "/planning What's the weather in Prague?"
 APPROVAL_MARKER = "HUMAN APPROVAL REQUIRED"
+# The characters of a conversation's invisible mark: U+2060, then 64 bits as U+200B / U+200C.
+MARK_CHARACTERS = "\u2060\u200b\u200c"
 # The conversation whose turn the test holds running during the `busy` check.
 BUSY_SESSION = "python-client-busy"
 
@@ -109,6 +111,8 @@ def check_stream(client, _api_key):
         "id": chunks[0].id,
         "chunks": len(chunks),
         "first_role": chunks[0].choices[0].delta.role if chunks[0].choices else None,
+        # The chunk right after the role's: a new conversation's invisible mark and a blank line.
+        "second_content": chunks[1].choices[0].delta.content if len(chunks) > 1 and chunks[1].choices else None,
         "content": content,
         "finish_reasons": finish_reasons,
         "usage": usage,
@@ -136,7 +140,8 @@ def check_approval_stream(client, _api_key):
     stream = client.chat.completions.create(model=model, messages=history, stream=True)
     prompt = "".join(choice.delta.content or "" for chunk in stream for choice in chunk.choices)
     expect(APPROVAL_MARKER in prompt, f"the first answer is not an approval prompt: {prompt!r}")
-    expect(prompt.startswith("> "), f"the streamed prompt has no status lines: {prompt!r}")
+    # The conversation's invisible mark and a blank line open the answer, then the status lines.
+    expect(prompt.lstrip(MARK_CHARACTERS).startswith("\n\n> "), f"the streamed prompt has no status lines after its mark: {prompt!r}")
     history += [{"role": "assistant", "content": prompt}, {"role": "user", "content": "yes"}]
     done = client.chat.completions.create(model=model, messages=history)
     answer = done.choices[0].message.content or ""
