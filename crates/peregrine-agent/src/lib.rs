@@ -4,6 +4,7 @@
 //! the assembly of one router-controlled graph from a capability registry.
 
 pub mod agent;
+pub mod answer_stream;
 pub mod assembly;
 pub mod catalog;
 pub mod clarify;
@@ -21,6 +22,7 @@ pub mod settings;
 mod test_support;
 
 pub use agent::{Agent, AgentBuilder, AgentError, PromptOverrides, TurnOptions, TurnResult, TurnStatus};
+pub use answer_stream::{AnswerStream, StreamStep};
 pub use assembly::{AgentGraphBuilder, AssemblyError};
 pub use catalog::Catalog;
 pub use commands::{CommandError, ParsedInput, SlashCommand, parse_input};

@@ -3,7 +3,7 @@
 //! mark of a conversation known by its nonce (the answer's first paragraph), and the token usage
 //! of the turn's LLM calls.
 
-use peregrine_agent::{CLASSIFIER, ERROR, ORCHESTRATOR, TASK_EXTRACTION};
+use peregrine_agent::{AnswerStream, CLASSIFIER, ERROR, ORCHESTRATOR, StreamStep, TASK_EXTRACTION};
 use peregrine_core::AgentEvent;
 use peregrine_core::events::EventKind;
 use peregrine_graph::RunEvent;
@@ -47,12 +47,8 @@ pub(crate) struct TurnTrace {
     trailing_newlines: usize,
     /// The mark that opens the answer, until it is sent.
     mark: Option<String>,
-    /// The component and role whose tokens are the answer.
-    source: Option<(String, String)>,
-    /// The answer's stream broke after some text, and its caller has not asked again yet.
-    cut: bool,
-    /// The answer tokens of the current attempt.
-    pub answer: String,
+    /// The answer streamed so far, across cuts and retries.
+    stream: AnswerStream,
     /// The usage so far.
     pub usage: Usage,
 }
@@ -79,54 +75,41 @@ impl TurnTrace {
     pub(crate) fn observe(&mut self, event: &RunEvent<AgentEvent>) -> Vec<String> {
         match event {
             RunEvent::NodeStarted { node, .. } => self.status(node_status(node)),
-            RunEvent::Custom(event) => match &event.kind {
-                EventKind::CapabilityStart { capability_name, step_number, total_steps, .. } => {
-                    self.status(Some(format!("step {step_number}/{total_steps} {capability_name}")))
-                }
-                EventKind::LlmResponse { role, success, input_tokens, output_tokens, .. } => {
-                    self.usage.prompt_tokens += input_tokens.unwrap_or(0);
-                    self.usage.completion_tokens += output_tokens.unwrap_or(0);
-                    if !success && self.is_source(&event.component, role) && !self.answer.is_empty() {
-                        self.answer.clear();
-                        self.cut = true;
-                        return self.deliver(CUT_NOTE.to_owned());
+            RunEvent::Custom(event) => {
+                match &event.kind {
+                    EventKind::CapabilityStart { capability_name, step_number, total_steps, .. } => {
+                        return self.status(Some(format!("step {step_number}/{total_steps} {capability_name}")));
                     }
-                    Vec::new()
-                }
-                EventKind::LlmRequest { role, .. } if self.is_source(&event.component, role) && (self.cut || !self.answer.is_empty()) => {
-                    let noted = std::mem::take(&mut self.cut);
-                    if noted {
-                        return Vec::new();
+                    EventKind::LlmResponse { input_tokens, output_tokens, .. } => {
+                        self.usage.prompt_tokens += input_tokens.unwrap_or(0);
+                        self.usage.completion_tokens += output_tokens.unwrap_or(0);
                     }
-                    self.answer.clear();
-                    self.deliver(RETRY_NOTE.to_owned())
+                    EventKind::LlmToken { content, .. } if content.is_empty() => return Vec::new(),
+                    _ => {}
                 }
-                EventKind::LlmToken { role, content } if !content.is_empty() => {
-                    if self.source.is_none() {
-                        self.source = Some((event.component.clone(), role.clone()));
+                match self.stream.observe(event) {
+                    StreamStep::Token => {
+                        let EventKind::LlmToken { content, .. } = &event.kind else { return Vec::new() };
+                        let mut pieces = Vec::new();
+                        if self.after_status {
+                            pieces.extend(self.deliver("\n".to_owned()));
+                        }
+                        pieces.extend(self.deliver(content.clone()));
+                        pieces
                     }
-                    let mut pieces = Vec::new();
-                    if self.after_status {
-                        pieces.extend(self.deliver("\n".to_owned()));
-                    }
-                    self.answer.push_str(content);
-                    pieces.extend(self.deliver(content.clone()));
-                    pieces
+                    StreamStep::Cut => self.deliver(CUT_NOTE.to_owned()),
+                    StreamStep::Restart { after_cut: false } => self.deliver(RETRY_NOTE.to_owned()),
+                    StreamStep::Restart { after_cut: true } | StreamStep::Other => Vec::new(),
                 }
-                _ => Vec::new(),
-            },
+            }
             _ => Vec::new(),
         }
-    }
-
-    fn is_source(&self, component: &str, role: &str) -> bool {
-        self.source.as_ref().is_some_and(|(streaming, streaming_role)| streaming == component && streaming_role == role)
     }
 
     /// A status line when it differs from the last one and no answer is under way.
     fn status(&mut self, status: Option<String>) -> Vec<String> {
         let Some(status) = status else { return Vec::new() };
-        if !self.status_lines || !self.answer.is_empty() || self.last_status.as_deref() == Some(status.as_str()) {
+        if !self.status_lines || !self.stream.text().is_empty() || self.last_status.as_deref() == Some(status.as_str()) {
             return Vec::new();
         }
         let line = format!("> {status}…\n");
@@ -151,7 +134,7 @@ impl TurnTrace {
     /// turn), after a blank line.
     pub(crate) fn closing_text(&mut self, response: Option<&str>, failed: bool) -> Option<String> {
         let response = response.filter(|text| !text.trim().is_empty());
-        let already_shown = response.is_some_and(|text| !self.answer.trim().is_empty() && self.answer.trim() == text.trim());
+        let already_shown = response.is_some_and(|text| !self.stream.text().trim().is_empty() && self.stream.text().trim() == text.trim());
         let response = response.filter(|_| failed || !already_shown)?;
         let separator = match (self.sent_any, self.trailing_newlines) {
             (false, _) | (true, 2..) => "",
@@ -240,7 +223,7 @@ mod tests {
             [node(TASK_EXTRACTION), node(ORCHESTRATOR), node(ORCHESTRATOR), node("current_weather"), step(1), token("Hi"), token(" there")];
         let pieces = content(&mut trace, &events);
         assert_eq!(pieces, ["> understanding the request…\n", "> planning…\n", "> step 1/2 current_weather…\n", "\n", "Hi", " there"]);
-        assert_eq!(trace.answer, "Hi there");
+        assert_eq!(trace.stream.text(), "Hi there");
         assert_eq!(trace.observe(&node(ERROR)), Vec::<String>::new(), "no status inside the answer");
         assert_eq!(trace.closing_text(Some("Hi there"), false), None);
         assert_eq!(trace.closing_text(Some("Report"), true).as_deref(), Some("\n\nReport"));
@@ -279,7 +262,7 @@ mod tests {
         ];
         let pieces = content(&mut trace, &events);
         assert_eq!(pieces, ["> planning…\n", "\n", "The weather ", "in Prague is", CUT_NOTE, "Here is ", "the weather."]);
-        assert_eq!(trace.answer, "Here is the weather.");
+        assert_eq!(trace.stream.text(), "Here is the weather.");
         assert_eq!(trace.closing_text(Some("Here is the weather."), false), None, "the retried answer is not sent again");
         assert_eq!(trace.closing_text(Some("Report"), true).as_deref(), Some("\n\nReport"));
 

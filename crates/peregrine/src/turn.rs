@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use peregrine_agent::{Agent, AgentError, Session, TurnOptions, TurnResult, TurnStatus};
+use peregrine_agent::{Agent, AgentError, AnswerStream, Session, StreamStep, TurnOptions, TurnResult, TurnStatus};
 use peregrine_core::AgentEvent;
 use peregrine_core::events::EventKind;
 use peregrine_graph::{CheckpointSource, ListQuery, RunEvent};
@@ -123,63 +123,6 @@ pub fn text_to_print(result: &TurnResult, streamed: &str, fallback: Option<Strin
 }
 
 // ---------------------------------------------------------------------------------------------
-// Streamed answers that restart
-// ---------------------------------------------------------------------------------------------
-
-/// Follows the streamed answer: its text, the component and role that stream it, and whether a
-/// stream was cut. A retried node streams its answer again from the start, so what was printed
-/// before no longer counts.
-#[derive(Debug, Default)]
-struct AnswerStream {
-    text: String,
-    source: Option<(String, String)>,
-    cut: bool,
-}
-
-/// What an event did to the streamed answer.
-#[derive(Debug, PartialEq, Eq)]
-enum StreamStep {
-    /// A piece of the answer.
-    Token,
-    /// The stream broke after some text; that text is void.
-    Cut,
-    /// The same caller asks again; `after_cut` when [`StreamStep::Cut`] was already reported.
-    Restart { after_cut: bool },
-    /// Nothing to do with the answer.
-    Other,
-}
-
-impl AnswerStream {
-    fn is_source(&self, component: &str, role: &str) -> bool {
-        self.source.as_ref().is_some_and(|(streaming, streaming_role)| streaming == component && streaming_role == role)
-    }
-
-    fn observe(&mut self, event: &AgentEvent) -> StreamStep {
-        match &event.kind {
-            EventKind::LlmToken { role, content } => {
-                if self.source.is_none() {
-                    self.source = Some((event.component.clone(), role.clone()));
-                }
-                self.text.push_str(content);
-                StreamStep::Token
-            }
-            EventKind::LlmResponse { role, success: false, .. } if self.is_source(&event.component, role) && !self.text.is_empty() => {
-                self.text.clear();
-                self.cut = true;
-                StreamStep::Cut
-            }
-            EventKind::LlmRequest { role, .. } if self.is_source(&event.component, role) && (self.cut || !self.text.is_empty()) => {
-                let after_cut = self.cut;
-                self.text.clear();
-                self.cut = false;
-                StreamStep::Restart { after_cut }
-            }
-            _ => StreamStep::Other,
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Human output
 // ---------------------------------------------------------------------------------------------
 
@@ -243,7 +186,7 @@ impl TextView {
 
     fn draw(&mut self) {
         let Some(status) = &self.status else { return };
-        if !self.live() || !self.stream.text.is_empty() {
+        if !self.live() || !self.stream.text().is_empty() {
             return;
         }
         let spinner = SPINNER[self.frame % SPINNER.len()];
@@ -371,7 +314,7 @@ impl TurnView for TextView {
     }
 
     fn streamed(&self) -> &str {
-        &self.stream.text
+        self.stream.text()
     }
 
     fn abort(&mut self) {
@@ -437,7 +380,7 @@ impl TurnView for JsonView {
         if let RunEvent::Custom(agent_event) = event {
             let step = self.stream.observe(agent_event);
             if matches!(step, StreamStep::Cut | StreamStep::Restart { after_cut: false }) {
-                let (component, role) = self.stream.source.clone().unwrap_or_default();
+                let (component, role) = self.stream.source().unwrap_or_default();
                 Self::emit(
                     &json!({"type": "stream_reset", "component": component, "role": role, "reason": "the answer is streamed again from the start"}),
                 );
@@ -447,7 +390,7 @@ impl TurnView for JsonView {
     }
 
     fn streamed(&self) -> &str {
-        &self.stream.text
+        self.stream.text()
     }
 
     fn abort(&mut self) {
@@ -569,62 +512,6 @@ pub fn invoked_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn event(component: &str, kind: EventKind) -> AgentEvent {
-        AgentEvent { timestamp: chrono::Utc::now(), component: component.into(), kind }
-    }
-
-    fn token(text: &str) -> AgentEvent {
-        event("respond", EventKind::LlmToken { role: "response".into(), content: text.into() })
-    }
-
-    fn request(component: &str, role: &str) -> AgentEvent {
-        event(
-            component,
-            EventKind::LlmRequest {
-                role: role.into(),
-                schema: None,
-                prompt_preview: String::new(),
-                prompt_length: 0,
-                model: "m".into(),
-                provider: "p".into(),
-            },
-        )
-    }
-
-    fn response(component: &str, success: bool) -> AgentEvent {
-        event(
-            component,
-            EventKind::LlmResponse {
-                role: "response".into(),
-                success,
-                response_preview: String::new(),
-                response_length: 0,
-                input_tokens: None,
-                output_tokens: None,
-                duration_ms: 0,
-            },
-        )
-    }
-
-    #[test]
-    fn a_cut_stream_and_its_retry_start_the_answer_over() {
-        let mut stream = AnswerStream::default();
-        assert_eq!(stream.observe(&request("respond", "response")), StreamStep::Other, "nothing streamed yet");
-        assert_eq!(stream.observe(&token("PARTIAL-A ")), StreamStep::Token);
-        assert_eq!(stream.observe(&token("PARTIAL-B ")), StreamStep::Token);
-        assert_eq!(stream.observe(&request("classifier", "classifier")), StreamStep::Other, "another caller");
-        assert_eq!(stream.observe(&response("error", false)), StreamStep::Other, "another caller's failure");
-        assert_eq!(stream.observe(&response("respond", false)), StreamStep::Cut);
-        assert_eq!(stream.text, "");
-        assert_eq!(stream.observe(&request("respond", "response")), StreamStep::Restart { after_cut: true });
-        assert_eq!(stream.observe(&token("Full answer.")), StreamStep::Token);
-        assert_eq!(stream.observe(&response("respond", true)), StreamStep::Other);
-        assert_eq!(stream.text, "Full answer.");
-        // A node run again after a whole answer streams it again.
-        assert_eq!(stream.observe(&request("respond", "response")), StreamStep::Restart { after_cut: false });
-        assert_eq!(stream.text, "");
-    }
 
     fn result(status: TurnStatus, response: Option<&str>) -> TurnResult {
         TurnResult { status, response: response.map(str::to_owned), interrupt: None, command: None, state: None }
