@@ -262,9 +262,43 @@ impl Agent {
 
     /// Handles one message of `thread_id`: a turn, an approval answer, or a state change.
     pub async fn send(&self, thread_id: &str, text: &str, session: &Session, options: TurnOptions) -> Result<TurnResult, AgentError> {
+        self.handle(thread_id, text, session, options, true).await
+    }
+
+    /// Handles one message of `thread_id` that is never an approval answer: on a thread waiting
+    /// for one it is refused ([`RunError::PendingInterrupt`]), and the question stays pending.
+    /// For interfaces that answer approvals with [`Agent::answer_approval`] or
+    /// [`Agent::answer_approval_text`], naming the question.
+    pub async fn send_message(
+        &self,
+        thread_id: &str,
+        text: &str,
+        session: &Session,
+        options: TurnOptions,
+    ) -> Result<TurnResult, AgentError> {
+        self.handle(thread_id, text, session, options, false).await
+    }
+
+    async fn handle(
+        &self,
+        thread_id: &str,
+        text: &str,
+        session: &Session,
+        options: TurnOptions,
+        answers_approvals: bool,
+    ) -> Result<TurnResult, AgentError> {
         let snapshot = self.graph.get_state(thread_id).await?;
         let state = snapshot.as_ref().map(|snapshot| snapshot.state.clone());
         let pending = snapshot.as_ref().and_then(|snapshot| snapshot.meta.interrupt.clone());
+        if !answers_approvals && let Some(interrupt) = &pending {
+            // Refused here too; the engine refuses a run over a question asked meanwhile.
+            return Err(RunError::PendingInterrupt {
+                thread_id: thread_id.into(),
+                interrupt_id: interrupt.id.clone(),
+                node: interrupt.node.clone(),
+            }
+            .into());
+        }
         let sink = options.events.as_ref().map(StreamSink);
         let events = sink.as_ref().map(|sink| sink as &dyn EventSink);
         // Cancelled before anything was written (an approval answer can take an LLM call): the
@@ -278,13 +312,53 @@ impl Agent {
             return Ok(Self::cancelled_unchanged(state));
         }
         let before = state.as_ref().map_or(0, |state| state.messages.len());
+        self.act(thread_id, action, pending.as_ref(), state, before, &options).await
+    }
+
+    /// Answers `interrupt`, the question the person was shown, with their words (yes/no
+    /// keywords, else one LLM call that reads them), for interfaces that know which question a
+    /// typed answer is for. A question no longer pending is refused
+    /// ([`RunError::StaleResume`]), so words never answer a question the person did not see.
+    pub async fn answer_approval_text(
+        &self,
+        thread_id: &str,
+        interrupt: &PendingInterrupt,
+        text: &str,
+        options: TurnOptions,
+    ) -> Result<TurnResult, AgentError> {
+        let snapshot = self.graph.get_state(thread_id).await?;
+        let state = snapshot.as_ref().map(|snapshot| snapshot.state.clone());
+        let sink = options.events.as_ref().map(StreamSink);
+        let events = sink.as_ref().map(|sink| sink as &dyn EventSink);
+        let action = tokio::select! {
+            biased;
+            () = options.cancel.cancelled() => return Ok(Self::cancelled_unchanged(state)),
+            action = self.gateway.answer(interrupt, text, events) => action?,
+        };
+        if options.cancel.is_cancelled() {
+            return Ok(Self::cancelled_unchanged(state));
+        }
+        let before = state.as_ref().map_or(0, |state| state.messages.len());
+        self.act(thread_id, action, Some(interrupt), state, before, &options).await
+    }
+
+    /// Carries out what the gateway decided.
+    async fn act(
+        &self,
+        thread_id: &str,
+        action: GatewayAction,
+        pending: Option<&PendingInterrupt>,
+        state: Option<Arc<AgentState>>,
+        before: usize,
+        options: &TurnOptions,
+    ) -> Result<TurnResult, AgentError> {
         match action {
             GatewayAction::Run(update) => {
                 let outcome = self.graph.run(thread_id, update, options.run_options()).await?;
                 Ok(Self::result(outcome, before))
             }
             GatewayAction::Resume { mut resume, .. } => {
-                if let Some(interrupt) = &pending {
+                if let Some(interrupt) = pending {
                     self.attach_plan_edit(thread_id, interrupt, &mut resume.answer);
                 }
                 let outcome = self.graph.resume(thread_id, resume, options.run_options()).await?;

@@ -238,7 +238,10 @@ impl Gateway {
         Ok(GatewayAction::Run(Self::new_turn(parsed.message, control, forwarded, session_changes, system_messages)))
     }
 
-    async fn answer(
+    /// Reads `text` as the answer to `interrupt`, the question the person was shown: yes/no
+    /// keywords, else one `ApprovalResponse` call; `/help` and `/exit` still work, other commands
+    /// are refused. The resume it returns is bound to that question's id and digest.
+    pub async fn answer(
         &self,
         interrupt: &PendingInterrupt,
         text: &str,

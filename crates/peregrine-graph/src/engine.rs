@@ -420,9 +420,10 @@ impl<S: GraphState> Graph<S> {
             }
         }
         let ctx = self.run_ctx(thread_id, Arc::from(uuid::Uuid::new_v4().to_string()), &opts);
-        ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id: ctx.run_id.to_string() });
         let write = Write { source: CheckpointSource::Input, node: None, update: input, run_step: 0, interrupt: None, resume: None };
         self.persist(&ctx, &mut state, &mut tip, write).await?;
+        // Announced only once the input is durable: interfaces acknowledge a message on this event.
+        ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id: ctx.run_id.to_string() });
         self.drive(&ctx, state, tip).await
     }
 
@@ -450,7 +451,7 @@ impl<S: GraphState> Graph<S> {
                 checkpoint: tip.label(),
             });
         }
-        ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id: meta.run_id.clone() });
+        let run_id = meta.run_id.clone();
         let record = ResumeRecord {
             interrupt_id: interrupt.id,
             node: interrupt.node,
@@ -467,6 +468,8 @@ impl<S: GraphState> Graph<S> {
             resume: Some(record),
         };
         self.persist(&ctx, &mut state, &mut tip, write).await?;
+        // After the answer is durable, as for `run`.
+        ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id });
         self.drive(&ctx, state, tip).await
     }
 
@@ -479,7 +482,6 @@ impl<S: GraphState> Graph<S> {
         let (mut state, mut tip) = self.load(thread_id, None).await?;
         let run_id = tip.meta.as_ref().map_or_else(|| uuid::Uuid::new_v4().to_string(), |meta| meta.run_id.clone());
         let ctx = self.run_ctx(thread_id, Arc::from(run_id.as_str()), &opts);
-        ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id });
         if let Some(meta) = tip.meta.clone()
             && let Some(record) = meta.resume
         {
@@ -494,6 +496,7 @@ impl<S: GraphState> Graph<S> {
             };
             self.persist(&ctx, &mut state, &mut tip, write).await?;
         }
+        ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id });
         self.drive(&ctx, state, tip).await
     }
 
@@ -514,7 +517,6 @@ impl<S: GraphState> Graph<S> {
         let origin =
             tip.meta.clone().ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: Some(checkpoint_id) })?;
         let ctx = self.run_ctx(thread_id, Arc::from(uuid::Uuid::new_v4().to_string()), &opts);
-        ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id: ctx.run_id.to_string() });
         let (node, interrupt) = match (&input, origin.interrupt, origin.resume) {
             (Some(_), _, _) => (None, None),
             (None, Some(asked), _) => (origin.node, Some(Self::reask(asked.node, asked.payload))),
@@ -523,6 +525,7 @@ impl<S: GraphState> Graph<S> {
         };
         let write = Write { source: CheckpointSource::Fork, node, update: input.unwrap_or_default(), run_step: 0, interrupt, resume: None };
         self.persist(&ctx, &mut state, &mut tip, write).await?;
+        ctx.send(RunEvent::RunStarted { thread_id: thread_id.into(), run_id: ctx.run_id.to_string() });
         self.drive(&ctx, state, tip).await
     }
 

@@ -12,7 +12,8 @@ use crate::checkpoint::{CheckpointId, PendingInterrupt};
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum RunEvent<E> {
-    /// A run (or the continuation of one) began.
+    /// A run (or the continuation of one) began, and its input (a message, an approval's
+    /// answer) is durable in the checkpoint store: interfaces acknowledge the input on this event.
     RunStarted {
         /// The thread.
         thread_id: String,

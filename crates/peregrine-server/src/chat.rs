@@ -12,7 +12,6 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt as _;
 use peregrine_agent::{Agent, AgentError, Session, TurnOptions, TurnResult, TurnStatus};
 use peregrine_core::events::EventKind;
 use peregrine_core::{AgentEvent, EventSink};
@@ -27,6 +26,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::Redact;
 use crate::auth::ApiKeys;
 use crate::error::{ApiError, json_response};
+use crate::limits::{TurnSlot, check_message, drain, read_body};
 use crate::progress::{TurnTrace, Usage};
 use crate::request::{BackgroundTask, ChatRequest, Conversation};
 
@@ -50,7 +50,11 @@ pub(crate) struct ServerState {
     pub agent: Arc<Agent>,
     pub model_id: String,
     pub keys: ApiKeys,
-    pub max_body_bytes: usize,
+    pub body_limits: crate::limits::BodyLimits,
+    /// The largest message text (`server.max_message_bytes`).
+    pub max_message_bytes: usize,
+    /// The places of the turns in flight (`server.max_turns_in_flight`).
+    pub turn_slots: crate::limits::TurnSlots,
     pub status_lines: bool,
     /// Unix time of the server's start (the model's `created`).
     pub started_unix: i64,
@@ -129,15 +133,23 @@ fn refusal(error: ApiError) -> Response {
 /// Authenticates, reads and checks the request, then answers a background task directly, or
 /// claims the conversation's thread and answers with a turn.
 async fn answer(state: &Arc<ServerState>, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let caller = state.keys.authenticate(headers)?;
-    let body = read_body(headers, body, state.max_body_bytes).await?;
+    let (caller, slot) = match state.keys.authenticate(headers).and_then(|caller| Ok((caller, state.turn_slots.take()?))) {
+        Ok(admitted) => admitted,
+        Err(error) => {
+            drain(body).await;
+            return Err(error);
+        }
+    };
+    let body = read_body(headers, body, state.body_limits).await?;
     let request = ChatRequest::parse(&body)?;
     if request.model != state.model_id {
         return Err(ApiError::model_not_found(&request.model, &state.model_id));
     }
     request.check_supported()?;
     if let Some(task) = request.background_task() {
-        // A failed task changed nothing: its 500 leaves retrying to the client.
+        // A failed task changed nothing: its 500 leaves retrying to the client. Its slot is
+        // held until its answer is complete (the answer is not streamed from the call).
+        let _slot = slot;
         return Ok(background_task(state, &request, task).await.unwrap_or_else(|error| {
             let error = error.redacted(&state.redact);
             tracing::warn!(error = %error.message, "background task failed");
@@ -145,32 +157,14 @@ async fn answer(state: &Arc<ServerState>, headers: &HeaderMap, body: Body) -> Re
         }));
     }
     let mut conversation = request.conversation(&caller, headers)?;
-    let busy = BusyThread::claim(state, &conversation.thread_id)?;
+    check_message(&conversation.input, state.max_message_bytes, "messages")?;
+    let busy = BusyThread::claim(state, &conversation.thread_id)?.holding(slot);
     tracing::info!(
         thread = %conversation.thread_id, identity = ?conversation.identity, stream = request.is_stream(), "chat completion turn starts"
     );
     let mark = conversation.mark.take();
     let turn = RunningTurn::start(Arc::clone(state), conversation, busy);
     if request.is_stream() { stream_answer(state, &request, turn, mark).await } else { json_answer(state, turn, mark).await }
-}
-
-/// The body, up to `limit` bytes: 413 beyond, 400 `invalid_body` when it cannot be read (the
-/// client stopped sending it, or broke its encoding).
-pub(crate) async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|value| value.to_str().ok()).and_then(|value| value.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(ApiError::body_too_large(limit));
-    }
-    let mut stream = body.into_data_stream();
-    let mut read = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|error| ApiError::body_unreadable(&error.to_string()))?;
-        if read.len() + chunk.len() > limit {
-            return Err(ApiError::body_too_large(limit));
-        }
-        read.extend_from_slice(&chunk);
-    }
-    Ok(Bytes::from(read))
 }
 
 /// One of Open WebUI's background tasks (a title, tags, follow-ups, …): one LLM call of the
@@ -276,6 +270,8 @@ impl EventSink for TaskTokens {
 pub(crate) struct BusyThread {
     state: Arc<ServerState>,
     thread_id: String,
+    /// The turn's place among those in flight, given back with the thread.
+    slot: Option<TurnSlot>,
 }
 
 impl BusyThread {
@@ -285,13 +281,21 @@ impl BusyThread {
         if !busy.insert(thread_id.to_owned()) {
             return Err(ApiError::thread_busy());
         }
-        Ok(Self { state: Arc::clone(state), thread_id: thread_id.to_owned() })
+        Ok(Self { state: Arc::clone(state), thread_id: thread_id.to_owned(), slot: None })
+    }
+
+    /// The same claim, also holding the turn's place among those in flight.
+    pub(crate) fn holding(mut self, slot: TurnSlot) -> Self {
+        self.slot = Some(slot);
+        self
     }
 }
 
 impl Drop for BusyThread {
     fn drop(&mut self) {
         self.state.busy.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.thread_id);
+        // The place is free once the thread is, never before.
+        self.slot.take();
     }
 }
 
@@ -437,7 +441,7 @@ async fn stream_answer(
     mut turn: RunningTurn,
     mark: Option<String>,
 ) -> Result<Response, ApiError> {
-    let held = wait_for_start(&mut turn, KEEP_ALIVE_INTERVAL).await?;
+    let held = wait_for_start(&mut turn).await?;
     let trace = TurnTrace::new(state.status_lines, mark);
     let sse = SseTurn::new(Chunks::new(&state.model_id), request.include_usage(), trace, held, turn, Arc::clone(&state.redact));
     let stream =
@@ -445,28 +449,27 @@ async fn stream_answer(
     Ok(sse_response(Body::from_stream(stream)))
 }
 
-/// The turn's events until its run starts, held back so that a message the gateway refuses (or
-/// a thread another process holds) is still answered with an HTTP error; but no longer than
-/// `patience`, so that a turn slow to start does not leave the client without headers.
-async fn wait_for_start(turn: &mut RunningTurn, patience: Duration) -> Result<VecDeque<RunEvent<AgentEvent>>, ApiError> {
-    let deadline = Instant::now() + patience;
+/// The turn's events until its run starts, held back: the response's first byte acknowledges the
+/// message, so it is sent only once the run has started, which the engine announces after the
+/// input is durable in the checkpoint store. A message the gateway refuses, or a thread another
+/// process holds, is answered with an HTTP error instead.
+async fn wait_for_start(turn: &mut RunningTurn) -> Result<VecDeque<RunEvent<AgentEvent>>, ApiError> {
     let mut held = VecDeque::new();
     loop {
-        match tokio::time::timeout_at(deadline, turn.next_event()).await {
-            Ok(Some(event)) => {
-                let started = matches!(event, RunEvent::RunStarted { .. } | RunEvent::NodeStarted { .. });
+        match turn.next_event().await {
+            Some(event) => {
+                let started = matches!(event, RunEvent::RunStarted { .. });
                 held.push_back(event);
                 if started {
                     return Ok(held);
                 }
             }
-            Ok(None) => {
+            None => {
                 if let Some(Err(error)) = &turn.outcome {
                     return Err(error.clone());
                 }
                 return Ok(held);
             }
-            Err(_slow) => return Ok(held),
         }
     }
 }
@@ -692,26 +695,26 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_turn_slow_to_start_is_answered_after_a_while_and_a_refused_one_at_once() {
-        let (mut turn, events, _end) = fake_turn();
+    async fn the_answer_waits_for_the_durable_start_and_a_refused_turn_is_answered_at_once() {
+        let (turn, events, _end) = fake_turn();
         events.send(quiet()).unwrap();
-        let waiting = Instant::now();
-        let held = wait_for_start(&mut turn, KEEP_ALIVE_INTERVAL).await.unwrap();
-        assert_eq!((held.len(), waiting.elapsed()), (1, KEEP_ALIVE_INTERVAL), "the stream starts anyway, with what came");
-
-        let (mut turn, events, _end) = fake_turn();
-        events.send(RunEvent::NodeStarted { node: "task_extraction".into(), step: 1 }).unwrap();
+        let waiting = tokio::spawn(async move {
+            let mut turn = turn;
+            wait_for_start(&mut turn).await.map(|held| held.len())
+        });
+        // However long the gateway takes, nothing is acknowledged before the run has started.
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert!(!waiting.is_finished(), "no response before the run started");
+        events.send(RunEvent::RunStarted { thread_id: "t".into(), run_id: "r".into() }).unwrap();
         events.send(token("later")).unwrap();
-        let waiting = Instant::now();
-        assert_eq!(wait_for_start(&mut turn, KEEP_ALIVE_INTERVAL).await.unwrap().len(), 1);
-        assert_eq!(waiting.elapsed(), Duration::ZERO);
+        assert_eq!(waiting.await.unwrap().unwrap(), 2, "held: the quiet event and the start");
 
         let (mut turn, _events, end) = fake_turn();
         end.send(Err(AgentError::Run(peregrine_graph::RunError::Checkpoint(peregrine_graph::CheckpointError::ThreadBusy {
             thread_id: "t".into(),
         }))))
         .unwrap();
-        let refused = wait_for_start(&mut turn, KEEP_ALIVE_INTERVAL).await.unwrap_err();
+        let refused = wait_for_start(&mut turn).await.unwrap_err();
         assert_eq!((refused.status.as_u16(), refused.code), (409, Some("thread_busy")));
     }
 
@@ -777,19 +780,6 @@ mod tests {
         assert_eq!(should_retry(ApiError::server_error("failed")).as_deref(), Some("false"));
         assert_eq!(should_retry(ApiError::invalid_messages("x")), None);
         assert_eq!(should_retry(ApiError::conflict("stale_approval", "x")), None);
-    }
-
-    #[tokio::test]
-    async fn a_body_too_large_and_a_body_cut_off_are_told_apart() {
-        let cut = Body::from_stream(futures::stream::iter([Ok(Bytes::from_static(b"{\"model\"")), Err(std::io::Error::other("reset"))]));
-        let error = read_body(&HeaderMap::new(), cut, 1024).await.unwrap_err();
-        assert_eq!((error.status.as_u16(), error.code), (400, Some("invalid_body")), "{error}");
-        assert!(!error.message.contains("large"), "{error}");
-        let large = Body::from_stream(futures::stream::iter((0..2).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b' '; 600])))));
-        let error = read_body(&HeaderMap::new(), large, 1024).await.unwrap_err();
-        assert_eq!((error.status.as_u16(), error.code), (413, Some("request_too_large")));
-        let fits = Body::from_stream(futures::stream::iter((0..2).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b' '; 512])))));
-        assert_eq!(read_body(&HeaderMap::new(), fits, 1024).await.unwrap().len(), 1024);
     }
 
     #[tokio::test]

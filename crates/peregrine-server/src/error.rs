@@ -21,11 +21,13 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// `error.message`: what happened and what to do.
     pub message: String,
+    /// Seconds for the `Retry-After` header (503 when the server is full).
+    pub retry_after_seconds: Option<u64>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, error_type: &'static str, code: Option<&'static str>, message: impl Into<String>) -> Self {
-        Self { status, error_type, param: None, code, message: message.into() }
+        Self { status, error_type, param: None, code, message: message.into(), retry_after_seconds: None }
     }
 
     fn with_param(mut self, param: &'static str) -> Self {
@@ -122,6 +124,63 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, "invalid_request_error", Some(code), message)
     }
 
+    /// 403 `host_not_allowed`: a server without keys answers only requests addressed to a loopback
+    /// name (or a host of `server.allowed_origins`), so a web page cannot reach it through DNS
+    /// rebinding.
+    pub fn host_not_allowed(host: &str) -> Self {
+        let message = format!(
+            "This server has no API keys, so it answers only requests for a loopback address (localhost, 127.0.0.1, [::1]), not for host '{host}'. Open it as http://127.0.0.1:<port>/, or set server.api_keys (or server.allowed_origins) in config.yml."
+        );
+        Self::new(StatusCode::FORBIDDEN, "invalid_request_error", Some("host_not_allowed"), message)
+    }
+
+    /// 403 `origin_not_allowed`: a request a web page of another origin made.
+    pub fn origin_not_allowed(origin: &str) -> Self {
+        let message = format!(
+            "Requests from web pages of another origin ('{origin}') are refused: a server without keys obeys only its own web UI and clients that are not browsers. To use a UI served elsewhere, list its origin in server.allowed_origins in config.yml."
+        );
+        Self::new(StatusCode::FORBIDDEN, "invalid_request_error", Some("origin_not_allowed"), message)
+    }
+
+    /// 415 `unsupported_media_type`: a body that is not declared as JSON.
+    pub fn unsupported_media_type(given: &str) -> Self {
+        let message = format!("The body must be sent as 'Content-Type: application/json', not '{given}'.");
+        Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_request_error", Some("unsupported_media_type"), message)
+    }
+
+    /// 503 `server_overloaded` with `Retry-After`: `server.max_turns_in_flight` turns run already.
+    pub fn overloaded(limit: usize, retry_after_seconds: u64) -> Self {
+        let message = format!(
+            "The server is running as many turns as it is configured for ({limit}, server.max_turns_in_flight); nothing was started. Send the request again in a few seconds."
+        );
+        let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("server_overloaded"), message);
+        error.retry_after_seconds = Some(retry_after_seconds);
+        error
+    }
+
+    /// 408 `request_timeout`: the body did not arrive within `server.body_timeout_seconds`.
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        let message = format!(
+            "The request body was not all sent within {} s (server.body_timeout_seconds); nothing was started. Send the request again.",
+            limit.as_secs()
+        );
+        Self::new(StatusCode::REQUEST_TIMEOUT, "invalid_request_error", Some("request_timeout"), message)
+    }
+
+    /// 414 `uri_too_long`: a URL longer than the server reads.
+    pub fn uri_too_long(limit: usize) -> Self {
+        let message = format!("The URL is longer than {limit} bytes; no route of this server takes one that long.");
+        Self::new(StatusCode::URI_TOO_LONG, "invalid_request_error", Some("uri_too_long"), message)
+    }
+
+    /// 413 `message_too_large`: a message over `server.max_message_bytes`.
+    pub fn message_too_large(limit: usize, param: &'static str) -> Self {
+        let message = format!(
+            "The message is larger than this server accepts ({limit} bytes of text, server.max_message_bytes); nothing was started. Shorten it, or attach the data another way."
+        );
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("message_too_large"), message).with_param(param)
+    }
+
     /// The same error with its message passed through `redact` (secrets of the configuration
     /// that a storage or provider error may quote).
     pub fn redacted(mut self, redact: &crate::Redact) -> Self {
@@ -162,7 +221,11 @@ impl From<AgentError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        json_response(self.status, &self.body())
+        let mut response = json_response(self.status, &self.body());
+        if let Some(seconds) = self.retry_after_seconds {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
     }
 }
 

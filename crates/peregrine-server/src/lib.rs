@@ -41,9 +41,14 @@
 //! error node, or a run was cut off: then `resumable` is true).
 //!
 //! Runs (`POST` bodies: exactly one of `{"input": "text"}`, `{"resume": {"approved": bool,
-//! "interrupt_id"?: "…", "plan"?: <edited plan>}}`, `{"continue": true}`; optional `"user"`):
-//! - `POST /threads/{id}/runs` → 201 Run, once the run holds the thread (409 `thread_busy` if
-//!   another run does); `POST …/runs/stream` → its events as SSE; `POST …/runs/wait` → the Run
+//! "interrupt_id"?: "…", "plan"?: <edited plan>}}`, `{"resume": {"interrupt_id": "…", "answer":
+//! "text"}}` (an approval answered in words: yes/no keywords, else the LLM reads them),
+//! `{"continue": true}`; optional `"user"`). A message (`input`) is never taken as an approval's
+//! answer: on a thread waiting for one it is refused with 409 `approval_pending`, and an answer
+//! must come as a `resume` (with the `interrupt_id` of the question shown, so an answer never
+//! reaches a question asked after it was given: 409 `stale_approval`).
+//! - `POST /threads/{id}/runs` → 201 Run, once the run holds the thread and its input (message
+//!   or answer) is durable in the checkpoint store (409 `thread_busy` if another run holds it); `POST …/runs/stream` → its events as SSE; `POST …/runs/wait` → the Run
 //!   once it ended.
 //! - `GET /threads/{id}/runs`, `GET …/runs/{run}`, `GET …/runs/{run}/wait`,
 //!   `GET …/runs/{run}/stream` (from the start, or after header `Last-Event-ID: N` or
@@ -75,7 +80,7 @@
 //! `status`, `llm_request`, `llm_response`, `approval_required`, `approval_received`, `error`, …,
 //! each with `timestamp` and `component`); answer pieces as `token` `{"role","content"}`; and
 //! last `end` with the final Run. An idle stream sends a `: keep-alive` comment every 15 s. A
-//! `Last-Event-ID` beyond a finished run's last event is a 400.
+//! `Last-Event-ID` beyond the run's last event so far is a 400.
 //!
 //! # Thread ownership
 //! Thread ids carry their owner: `t-<owner tag>-<32 hex>` (native) and
@@ -90,6 +95,35 @@
 //! `Authorization: Bearer <key>`.
 //! Only SHA-256 digests of the keys are kept; a presented key is hashed and compared with each
 //! of them in constant time. Keys never appear in answers or logs.
+//!
+//! A server **without keys** (the default, on loopback) obeys whoever reaches it, and a web page
+//! the operator visits reaches loopback. So it answers only (403 otherwise, before any handler
+//! runs):
+//! - requests whose `Host` is a loopback name (`localhost`, `127.x.x.x`, `[::1]`, any port) or
+//!   the host of an allowed origin: `host_not_allowed` (no DNS rebinding);
+//! - with an `Origin` header, the server's own origin (`http(s)://` + the `Host`) or one of
+//!   [`ServerOptions::allowed_origins`]: `origin_not_allowed`; without one, a state-changing
+//!   method only when `Sec-Fetch-Site` is absent, `same-origin` or `none`;
+//! - state-changing requests with a body only when it is declared `application/json`: 415
+//!   `unsupported_media_type` (a cross-site form or `no-cors` fetch can send only
+//!   `text/plain`, form or multipart bodies without a CORS preflight).
+//!
+//! Allowed origins also get CORS answers (preflights for `GET`/`POST`/`DELETE` with the
+//! `Authorization`, `Content-Type`, `Last-Event-ID` and `X-Session-ID` headers); no other origin
+//! does, so no other page can read an answer. A URL over 8 KiB is a JSON 414.
+//!
+//! # Limits
+//! - [`ServerOptions::max_turns_in_flight`] (default 256): turns running at once (chat
+//!   completions, background tasks, runs); one more is refused with 503 `server_overloaded` and
+//!   `Retry-After: 2` before its body is read or anything starts.
+//! - [`ServerOptions::max_message_bytes`] (default 256 KiB): a message's text (the last user
+//!   message, a run's `input` or `answer`); larger: 413 `message_too_large`.
+//! - [`ServerOptions::max_body_bytes`] (default 1 MiB): 413 `request_too_large`;
+//!   [`ServerOptions::body_timeout`] (default 60 s) to send it: 408 `request_timeout`. A refused
+//!   body is read to its end (up to 16 MiB, 5 s) so that the client reads the answer.
+//! - [`serve`] with [`ConnectionLimits`]: a connection must send a whole request head within
+//!   30 s of opening or of its previous answer (an idle keep-alive connection is closed then),
+//!   and at most 4,096 are open at once.
 //!
 //! # Requests
 //! `POST /v1/chat/completions` reads `model` (the served id), `messages`, `stream`,
@@ -205,10 +239,11 @@
 //! reported failure, the note is `_(the answer was cut off; trying again)_`. A final chunk carries `finish_reason:
 //! "stop"` (every other chunk has `null`); with `stream_options.include_usage`, a chunk with
 //! `choices: []` and the turn's `usage` comes just before `data: [DONE]`. The response (and its
-//! first chunk) is held back until the turn's run starts, so that a message the gateway refuses
-//! or a thread busy in another process is answered with an HTTP error; a turn not started after
-//! 15 s gets its stream anyway, and a later failure comes as a `data: {"error": {..}}` event
-//! before `[DONE]`, as does a run error after the stream began. A stream that has written nothing
+//! first byte) is held back until the turn's run has started, which is after its message (or
+//! approval answer) is durable in the checkpoint store: a response that began is never a message
+//! lost by a crash. A message the gateway refuses, or a thread busy in another process, is
+//! answered with an HTTP error instead; a run error after the stream began comes as a
+//! `data: {"error": {..}}` event before `[DONE]`. A stream that has written nothing
 //! for 15 s (whatever the turn did meanwhile) sends the SSE comment `: keep-alive` (clients
 //! ignore comments), so that proxies do not cut a long turn.
 //!
@@ -222,6 +257,9 @@
 mod auth;
 mod chat;
 mod error;
+mod guard;
+mod limits;
+mod listen;
 mod native;
 mod progress;
 mod request;
@@ -240,6 +278,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use error::ApiError;
+pub use limits::{DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_TURNS_IN_FLIGHT};
+pub use listen::{ConnectionLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, serve};
 pub use request::{CHAT_ID_HEADER, DEFAULT_USER, INTERFACE, SESSION_ID_HEADER, USER_ID_HEADER};
 
 /// The default limit on a request body: 1 MiB.
@@ -261,6 +301,17 @@ pub struct ServerOptions {
     pub api_keys: Vec<Secret>,
     /// The largest request body accepted (larger ones get 413).
     pub max_body_bytes: usize,
+    /// How long a client may take to send a request body (then 408).
+    pub body_timeout: std::time::Duration,
+    /// The largest message text (a chat message, a run's input or answer); larger ones get 413.
+    pub max_message_bytes: usize,
+    /// Turns (chat completions, background tasks, runs) running at once; more get 503 with
+    /// `Retry-After` before anything starts.
+    pub max_turns_in_flight: usize,
+    /// Origins (`https://ui.example.org`) whose web pages may use a server without keys, which
+    /// otherwise obeys only its own page and clients that are not browsers; they also get CORS
+    /// answers.
+    pub allowed_origins: Vec<String>,
     /// Whether a stream carries progress lines in its content before the answer.
     pub status_lines: bool,
     /// Applied to every error text before it is answered or logged.
@@ -276,6 +327,10 @@ impl std::fmt::Debug for ServerOptions {
             .field("model_id", &self.model_id)
             .field("api_keys", &self.api_keys.len())
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("body_timeout", &self.body_timeout)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("max_turns_in_flight", &self.max_turns_in_flight)
+            .field("allowed_origins", &self.allowed_origins)
             .field("status_lines", &self.status_lines)
             .field("agent_data_dir", &self.agent_data_dir)
             .finish_non_exhaustive()
@@ -289,6 +344,10 @@ impl ServerOptions {
             model_id: model_id.into(),
             api_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_turns_in_flight: DEFAULT_MAX_TURNS_IN_FLIGHT,
+            allowed_origins: Vec::new(),
             status_lines: true,
             redact: Arc::new(str::to_owned),
             agent_data_dir: None,
@@ -312,6 +371,8 @@ pub fn router(agent: Arc<Agent>, options: ServerOptions) -> Router {
 #[derive(Clone)]
 pub struct Server {
     state: Arc<chat::ServerState>,
+    guard: Arc<guard::BrowserGuard>,
+    allowed_origins: Vec<axum::http::HeaderValue>,
 }
 
 impl std::fmt::Debug for Server {
@@ -323,13 +384,32 @@ impl std::fmt::Debug for Server {
 impl Server {
     /// Serves `agent` with `options`.
     pub fn new(agent: Arc<Agent>, options: ServerOptions) -> Self {
-        let ServerOptions { model_id, api_keys, max_body_bytes, status_lines, redact, agent_data_dir } = options;
+        let ServerOptions {
+            model_id,
+            api_keys,
+            max_body_bytes,
+            body_timeout,
+            max_message_bytes,
+            max_turns_in_flight,
+            allowed_origins,
+            status_lines,
+            redact,
+            agent_data_dir,
+        } = options;
         let stopping = CancellationToken::new();
+        let guard = Arc::new(guard::BrowserGuard::new(!api_keys.is_empty(), &allowed_origins));
+        let allowed_origins = allowed_origins
+            .iter()
+            .filter_map(|origin| guard::normalise_origin(origin))
+            .filter_map(|origin| axum::http::HeaderValue::from_str(&origin).ok())
+            .collect();
         let state = chat::ServerState {
             agent,
             model_id,
             keys: auth::ApiKeys::new(&api_keys),
-            max_body_bytes,
+            body_limits: limits::BodyLimits { max_bytes: max_body_bytes, timeout: body_timeout },
+            max_message_bytes,
+            turn_slots: limits::TurnSlots::new(max_turns_in_flight),
             status_lines,
             started_unix: chrono::Utc::now().timestamp(),
             busy: Mutex::new(HashSet::new()),
@@ -339,7 +419,7 @@ impl Server {
             tasks: TaskTracker::new(),
             stopping,
         };
-        Self { state: Arc::new(state) }
+        Self { state: Arc::new(state), guard, allowed_origins }
     }
 
     /// The routes.
@@ -354,12 +434,37 @@ impl Server {
             .method_not_allowed_fallback(chat::method_not_allowed)
             // The handlers read bodies themselves, with their own limit and a JSON 413.
             .layer(DefaultBodyLimit::disable())
+            .layer(self.cors())
+            // Outermost: nothing (not even a CORS preflight) is answered for a refused request.
+            .layer(axum::middleware::from_fn_with_state(Arc::clone(&self.guard), guard::guard))
             .with_state(Arc::clone(&self.state))
+    }
+
+    /// CORS answers for `allowed_origins` only (none when there are none): a page served there
+    /// may call the API, and no other page can read an answer.
+    fn cors(&self) -> tower_http::cors::CorsLayer {
+        use axum::http::{Method, header};
+        use tower_http::cors::{AllowOrigin, CorsLayer};
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(self.allowed_origins.clone()))
+            .allow_methods([Method::GET, Method::POST, Method::DELETE])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::HeaderName::from_static("last-event-id"),
+                header::HeaderName::from_static(SESSION_ID_HEADER),
+            ])
+            .max_age(std::time::Duration::from_secs(600))
     }
 
     /// How many turns (chat completions and runs) are running now.
     pub fn running(&self) -> usize {
         self.state.tasks.len()
+    }
+
+    /// How many turns hold a place among `max_turns_in_flight` now (background tasks included).
+    pub fn turns_in_flight(&self) -> usize {
+        self.state.turn_slots.in_flight()
     }
 
     /// Stops the turns: no new ones start; the running ones get up to `grace` to end, then

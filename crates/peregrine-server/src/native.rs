@@ -107,7 +107,7 @@ async fn snapshot_of(state: &ServerState, thread_id: &str) -> Result<StateSnapsh
 }
 
 async fn read_json<T: serde::de::DeserializeOwned>(state: &ServerState, headers: &HeaderMap, body: Body) -> Result<Option<T>, ApiError> {
-    let bytes = crate::chat::read_body(headers, body, state.max_body_bytes).await?;
+    let bytes = crate::limits::read_body(headers, body, state.body_limits).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
@@ -433,7 +433,11 @@ struct RunRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ResumeRequest {
-    approved: bool,
+    #[serde(default)]
+    approved: Option<bool>,
+    /// The person's words, read as yes/no (keywords, else the LLM); needs `interrupt_id`.
+    #[serde(default)]
+    answer: Option<String>,
     #[serde(default)]
     interrupt_id: Option<String>,
     #[serde(default)]
@@ -443,7 +447,16 @@ struct ResumeRequest {
 /// What a run does, checked before it starts.
 enum Operation {
     Message(String),
-    Resume { interrupt: PendingInterrupt, approved: bool, edit: Option<Value> },
+    Resume {
+        interrupt: PendingInterrupt,
+        approved: bool,
+        edit: Option<Value>,
+    },
+    /// An approval answered in words, bound to the question the client names.
+    Answer {
+        interrupt: PendingInterrupt,
+        text: String,
+    },
     Continue,
 }
 
@@ -451,13 +464,13 @@ impl Operation {
     fn kind(&self) -> RunKind {
         match self {
             Operation::Message(_) => RunKind::Message,
-            Operation::Resume { .. } => RunKind::Resume,
+            Operation::Resume { .. } | Operation::Answer { .. } => RunKind::Resume,
             Operation::Continue => RunKind::Continue,
         }
     }
 }
 
-const RUN_BODY_HELP: &str = "Send exactly one of {\"input\": \"text\"}, {\"resume\": {\"approved\": true|false}} or {\"continue\": true} (optionally with \"user\").";
+const RUN_BODY_HELP: &str = "Send exactly one of {\"input\": \"text\"}, {\"resume\": {\"approved\": true|false}} (or {\"resume\": {\"interrupt_id\": \"…\", \"answer\": \"text\"}}) or {\"continue\": true} (optionally with \"user\").";
 
 /// Checks a run request against the thread and turns it into an operation and a session.
 async fn operation(
@@ -490,6 +503,11 @@ async fn operation(
         if snapshot.meta.resume.is_some() {
             return Err(unfinished_approval(thread_id));
         }
+        if snapshot.meta.interrupt.is_some() {
+            // A message is never taken as the answer: the answer must name the question it is for.
+            return Err(approval_pending(thread_id));
+        }
+        crate::limits::check_message(&text, state.max_message_bytes, "input")?;
         Operation::Message(text)
     } else if let Some(resume) = request.resume {
         let Some(interrupt) = snapshot.meta.interrupt.clone() else {
@@ -501,10 +519,30 @@ async fn operation(
         if resume.interrupt_id.as_ref().is_some_and(|id| *id != interrupt.id) {
             return Err(stale_approval(thread_id));
         }
-        if resume.plan.is_some() && !resume.approved {
-            return Err(ApiError::invalid_request("An edited 'plan' can only be approved; send it with \"approved\": true."));
+        match (resume.approved, resume.answer) {
+            (Some(approved), None) => {
+                if resume.plan.is_some() && !approved {
+                    return Err(ApiError::invalid_request("An edited 'plan' can only be approved; send it with \"approved\": true."));
+                }
+                Operation::Resume { interrupt, approved, edit: resume.plan }
+            }
+            (None, Some(text)) => {
+                if resume.interrupt_id.is_none() {
+                    return Err(ApiError::invalid_request(
+                        "An 'answer' in words needs the 'interrupt_id' of the approval it answers (GET /threads/{id} shows it).",
+                    ));
+                }
+                if resume.plan.is_some() {
+                    return Err(ApiError::invalid_request("An edited 'plan' is approved with \"approved\": true, not with an 'answer'."));
+                }
+                if text.trim().is_empty() {
+                    return Err(ApiError::invalid_request("The 'answer' is empty: say yes or no (or what to change)."));
+                }
+                crate::limits::check_message(&text, state.max_message_bytes, "answer")?;
+                Operation::Answer { interrupt, text }
+            }
+            _ => return Err(ApiError::invalid_request(format!("A resume has exactly one of 'approved' and 'answer'. {RUN_BODY_HELP}"))),
         }
-        Operation::Resume { interrupt, approved: resume.approved, edit: resume.plan }
     } else {
         let status = thread_status(state, &snapshot).await;
         if status.status == "busy" {
@@ -528,6 +566,15 @@ fn unfinished_approval(thread_id: &str) -> ApiError {
     )
 }
 
+fn approval_pending(thread_id: &str) -> ApiError {
+    ApiError::conflict(
+        "approval_pending",
+        format!(
+            "Thread '{thread_id}' waits for an approval; answer it with a run of {{\"resume\": {{\"approved\": true|false, \"interrupt_id\": \"…\"}}}} (GET /threads/{thread_id} shows it)."
+        ),
+    )
+}
+
 fn stale_approval(thread_id: &str) -> ApiError {
     ApiError::conflict(
         "stale_approval",
@@ -547,10 +594,7 @@ fn run_error(state: &ServerState, thread_id: &str, error: AgentError) -> ApiErro
         AgentError::Run(RunError::NothingToResume { .. }) => {
             ApiError::conflict("no_pending_approval", format!("Thread '{thread_id}' waits for no approval."))
         }
-        AgentError::Run(RunError::PendingInterrupt { .. }) => ApiError::conflict(
-            "approval_pending",
-            format!("Thread '{thread_id}' waits for an approval; answer it with a run of {{\"resume\": {{\"approved\": …}}}}."),
-        ),
+        AgentError::Run(RunError::PendingInterrupt { .. }) => approval_pending(thread_id),
         other => ApiError::server_error(format!("The agent could not finish the run: {other}")),
     };
     error.redacted(&state.redact)
@@ -558,10 +602,17 @@ fn run_error(state: &ServerState, thread_id: &str, error: AgentError) -> ApiErro
 
 /// Starts a run: it is returned once it holds its thread (or has already ended, for replies).
 async fn launch(state: &Arc<ServerState>, headers: &HeaderMap, thread_id: &str, body: Body) -> Result<Arc<Run>, ApiError> {
-    let caller = caller_of(state, headers, thread_id)?;
+    let admitted = caller_of(state, headers, thread_id).and_then(|caller| Ok((caller, state.turn_slots.take()?)));
+    let (caller, slot) = match admitted {
+        Ok(admitted) => admitted,
+        Err(error) => {
+            crate::limits::drain(body).await;
+            return Err(error);
+        }
+    };
     let request: Option<RunRequest> = read_json(state, headers, body).await?;
     let (operation, session) = operation(state, &caller, thread_id, request).await?;
-    let busy = BusyThread::claim(state, thread_id)?;
+    let busy = BusyThread::claim(state, thread_id)?.holding(slot);
     let run = state.runs.start(thread_id, operation.kind());
     tracing::info!(thread = %thread_id, run = %run.id, kind = ?operation.kind(), "run starts");
     state.tasks.spawn(drive(Arc::clone(state), Arc::clone(&run), operation, session, busy));
@@ -623,10 +674,11 @@ async fn drive(state: Arc<ServerState>, run: Arc<Run>, operation: Operation, ses
         let options = options.clone();
         async move {
             match operation {
-                Operation::Message(text) => agent.send(thread_id, text, session, options).await,
+                Operation::Message(text) => agent.send_message(thread_id, text, session, options).await,
                 Operation::Resume { interrupt, approved, edit } => {
                     agent.answer_approval(thread_id, interrupt, *approved, edit.clone(), options).await
                 }
+                Operation::Answer { interrupt, text } => agent.answer_approval_text(thread_id, interrupt, text, options).await,
                 Operation::Continue => agent.continue_turn(thread_id, options).await,
             }
         }
@@ -722,8 +774,10 @@ async fn stream_run(
             (Some(None), _) => return Err(ApiError::invalid_request("'Last-Event-ID' must be the number of an event of this run.")),
             (None, seq) => seq.unwrap_or(0),
         };
+        // Events are numbered as they are recorded, so no client has seen one past the last,
+        // whether the run still goes on or not.
         let last = run.last_seq();
-        if run.is_finished() && after > last {
+        if after > last {
             return Err(ApiError::invalid_request(format!("Last-Event-ID {after} is past the last event of this run ({last}).")));
         }
         Ok(sse(run, after))

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use peregrine_llm::Secret;
-use peregrine_server::{Server, ServerOptions};
+use peregrine_server::{ConnectionLimits, Server, ServerOptions};
 use peregrine_testkit::agent_fixture::{LOCATION_EXTRACTION, LlmCall, call_counts, location_reply, weather_agent, with_weather_replies};
 use peregrine_testkit::llm_server::{Fault, Reply, Script, ScriptedLlmServer};
 use reqwest::Method;
@@ -74,6 +74,10 @@ fn switchable_weather_script(mode: Arc<AtomicU8>, held: mpsc::UnboundedSender<()
 }
 
 async fn serve(options: ServerOptions) -> Served {
+    serve_with(options, ConnectionLimits::default()).await
+}
+
+async fn serve_with(options: ServerOptions, limits: ConnectionLimits) -> Served {
     let weather_call = Arc::new(AtomicU8::new(WeatherCall::Answer as u8));
     let (held_sender, held) = mpsc::unbounded_channel();
     let llm = ScriptedLlmServer::start(switchable_weather_script(Arc::clone(&weather_call), held_sender)).await;
@@ -84,7 +88,7 @@ async fn serve(options: ServerOptions) -> Served {
     let url = format!("http://{}", listener.local_addr().unwrap());
     let server = Server::new(Arc::new(agent), ServerOptions { agent_data_dir: Some(data), ..options });
     let app = server.router();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    tokio::spawn(peregrine_server::serve(listener, app, limits, tokio_util::sync::CancellationToken::new()));
     Served { url, llm, client: reqwest::Client::new(), weather_call, held: Mutex::new(held), server, _dir: dir }
 }
 
@@ -772,7 +776,7 @@ async fn a_plan_approval_can_be_rejected_then_approved_with_an_edit() {
 }
 
 #[tokio::test]
-async fn a_message_answers_a_pending_approval() {
+async fn a_message_never_answers_a_pending_approval_an_answer_in_words_names_its_question() {
     let served = serve(open()).await;
     let thread = served.create_thread(ANYONE).await;
     let request = served.request(ANYONE, Method::POST, &format!("/threads/{thread}/runs/stream")).json(&json!({"input": PLANNING}));
@@ -785,8 +789,26 @@ async fn a_message_answers_a_pending_approval() {
     assert!(asked < paused && paused == events.len() - 2, "the interrupt comes just before end: {:?}", names(&events));
     assert_eq!(events[paused].data, interrupt, "the interrupt event is the pending approval");
     assert!(!names(&events).contains(&"token") && !names(&events).contains(&"capability_start"), "{:?}", names(&events));
-    let done = served.run_to_end(ANYONE, &thread, &json!({"input": "yes"})).await;
-    assert_eq!(done["status"], "success", "{done}");
+    let runs = format!("/threads/{thread}/runs");
+    for text in ["yes", "no", "What about Paris instead?"] {
+        let (status, body) = served.post(ANYONE, &runs, &json!({"input": text})).await;
+        assert_error(status, &body, 409, "approval_pending");
+    }
+    let (status, body) = served.post(ANYONE, &runs, &json!({"resume": {"answer": "yes"}})).await;
+    assert_error(status, &body, 400, "invalid_request");
+    let (status, body) = served.post(ANYONE, &runs, &json!({"resume": {"answer": "yes", "interrupt_id": "an-older-question"}})).await;
+    assert_error(status, &body, 409, "stale_approval");
+    let (status, body) =
+        served.post(ANYONE, &runs, &json!({"resume": {"answer": "yes", "approved": true, "interrupt_id": interrupt["id"]}})).await;
+    assert_error(status, &body, 400, "invalid_request");
+    let summary = served.thread(ANYONE, &thread).await;
+    assert_eq!((summary["status"].as_str(), &summary["interrupt"]), (Some("interrupted"), &interrupt), "nothing answered it: {summary}");
+    let messages = served.state(ANYONE, &thread).await["messages"].clone();
+    assert!(!messages.to_string().contains("Paris"), "a refused message is not stored: {messages}");
+    assert_eq!(served.calls(LlmCall::CurrentWeather), 0);
+
+    let done = served.run_to_end(ANYONE, &thread, &json!({"resume": {"answer": "yes", "interrupt_id": interrupt["id"]}})).await;
+    assert_eq!((done["kind"].as_str(), done["status"].as_str()), (Some("resume"), Some("success")), "{done}");
     assert!(done["result"]["response"].as_str().is_some_and(|answer| answer.contains(PRAGUE_ANSWER)), "{done}");
     assert_eq!(served.calls(LlmCall::Orchestrator), 1);
     assert_eq!(served.thread(ANYONE, &thread).await["status"], "idle");
@@ -835,7 +857,8 @@ async fn bad_run_requests_are_refused_with_400_413_and_404() {
         assert_error(status, &answer, 400, "invalid_request");
     }
     for raw in ["", "  \n", "{\"input\": ", "input=hello"] {
-        let (status, answer) = served.send(served.request(ANYONE, Method::POST, &runs).body(raw)).await;
+        let declared = served.request(ANYONE, Method::POST, &runs).header("content-type", "application/json").body(raw);
+        let (status, answer) = served.send(declared).await;
         assert_error(status, &answer, 400, "invalid_request");
     }
 
@@ -846,7 +869,10 @@ async fn bad_run_requests_are_refused_with_400_413_and_404() {
     assert_error(status, &answer, 413, "request_too_large");
     // Without a Content-Length (chunked), the limit holds while reading.
     let chunks: Vec<Result<String, std::io::Error>> = vec![Ok("{\"input\": \"".to_owned()), Ok("z".repeat(5000)), Ok("\"}".to_owned())];
-    let chunked = served.request(ANYONE, Method::POST, &runs).body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)));
+    let chunked = served
+        .request(ANYONE, Method::POST, &runs)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)));
     let (status, answer) = served.send(chunked).await;
     assert_error(status, &answer, 413, "request_too_large");
 
@@ -1016,4 +1042,215 @@ async fn urls_that_cannot_be_decoded_and_ids_past_the_end_are_json_400s() {
         )
         .await;
     assert_error(status, &body, 400, "invalid_request");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hardening: a keyless server and web pages, limits, connections
+
+/// A plan waiting for approval on a new thread of a keyless server, and its interrupt.
+async fn pending_plan(served: &Served) -> (String, Value) {
+    let thread = served.create_thread(ANYONE).await;
+    let asked = served.run_to_end(ANYONE, &thread, &json!({"input": PLANNING})).await;
+    (thread, approval_of(&asked))
+}
+
+#[tokio::test]
+async fn a_keyless_server_refuses_other_origins_other_hosts_and_bodies_not_declared_json() {
+    let served = serve(open()).await;
+    let (thread, interrupt) = pending_plan(&served).await;
+    let runs = format!("{}/threads/{thread}/runs", served.url);
+    let approve = r#"{"resume":{"approved":true}}"#;
+    // What a page of another origin can send without a CORS preflight, and what it cannot.
+    let attempts = [
+        (served.client.post(&runs).header("content-type", "text/plain;charset=UTF-8").body(approve), 415, "unsupported_media_type"),
+        (
+            served.client.post(&runs).header("content-type", "text/plain").header("origin", "http://evil.example").body(approve),
+            403,
+            "origin_not_allowed",
+        ),
+        (
+            served.client.post(&runs).header("origin", "http://evil.example").json(&json!({"resume": {"approved": true}})),
+            403,
+            "origin_not_allowed",
+        ),
+        (served.client.post(&runs).header("origin", "null").json(&json!({"resume": {"approved": true}})), 403, "origin_not_allowed"),
+        (
+            served
+                .client
+                .post(&runs)
+                .header("sec-fetch-site", "cross-site")
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body("a=b"),
+            403,
+            "origin_not_allowed",
+        ),
+        (
+            served.client.post(&runs).header("host", "attacker.example:8000").json(&json!({"resume": {"approved": true}})),
+            403,
+            "host_not_allowed",
+        ),
+        (
+            served.client.get(format!("{}/threads/{thread}/state", served.url)).header("host", "rebound.attacker.example"),
+            403,
+            "host_not_allowed",
+        ),
+        (
+            served.client.delete(format!("{}/threads/{thread}", served.url)).header("origin", "http://localhost:3000"),
+            403,
+            "origin_not_allowed",
+        ),
+    ];
+    for (request, status, code) in attempts {
+        let (got, body) = served.send(request).await;
+        assert_error(got, &body, status, code);
+    }
+    let summary = served.thread(ANYONE, &thread).await;
+    assert_eq!((summary["status"].as_str(), &summary["interrupt"]), (Some("interrupted"), &interrupt), "{summary}");
+    assert_eq!(served.calls(LlmCall::CurrentWeather), 0, "nothing was approved");
+    // Its own page and clients that are not browsers are served.
+    let own = served
+        .client
+        .post(&runs)
+        .header("origin", served.url.as_str())
+        .json(&json!({"resume": {"approved": true, "interrupt_id": interrupt["id"]}}));
+    let (status, run) = served.send(own).await;
+    assert_eq!(status, 201, "{run}");
+}
+
+#[tokio::test]
+async fn allowed_origins_get_cors_answers_and_a_server_with_keys_leaves_origins_to_the_keys() {
+    let served = serve(ServerOptions { allowed_origins: vec!["https://ui.example.org".into()], ..open() }).await;
+    let preflight = served
+        .client
+        .request(Method::OPTIONS, format!("{}/threads", served.url))
+        .header("origin", "https://ui.example.org")
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "content-type")
+        .send()
+        .await
+        .unwrap();
+    assert!(preflight.status().is_success(), "{preflight:?}");
+    assert_eq!(preflight.headers()["access-control-allow-origin"], "https://ui.example.org");
+    let created = served.client.post(format!("{}/threads", served.url)).header("origin", "https://ui.example.org").json(&json!({}));
+    let response = created.send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 201);
+    assert_eq!(response.headers()["access-control-allow-origin"], "https://ui.example.org");
+    let other = served.client.post(format!("{}/threads", served.url)).header("origin", "https://other.example.org").json(&json!({}));
+    let (status, body) = served.send(other).await;
+    assert_error(status, &body, 403, "origin_not_allowed");
+
+    let keyed = serve(keyed()).await;
+    let from_anywhere =
+        keyed.request(ALPHA, Method::POST, "/threads").header("origin", "http://elsewhere.example").header("host", "agent.example");
+    assert_eq!(keyed.send(from_anywhere.json(&json!({}))).await.0, 201, "a key is the credential");
+    let without_key = keyed.request(ANYONE, Method::POST, "/threads").header("origin", "http://elsewhere.example");
+    let (status, body) = keyed.send(without_key.json(&json!({}))).await;
+    assert_error(status, &body, 401, "invalid_api_key");
+}
+
+#[tokio::test]
+async fn turns_beyond_max_turns_in_flight_get_503_with_retry_after_and_nothing_starts() {
+    let served = serve(ServerOptions { max_turns_in_flight: 1, ..open() }).await;
+    let busy = served.create_thread(ANYONE).await;
+    let other = served.create_thread(ANYONE).await;
+    served.weather_calls(WeatherCall::Hold);
+    let run = served.start_run(ANYONE, &busy, &json!({"input": QUESTION})).await;
+    served.held_weather_call().await;
+    let response =
+        served.request(ANYONE, Method::POST, &format!("/threads/{other}/runs")).json(&json!({"input": QUESTION})).send().await.unwrap();
+    assert_eq!(response.headers().get("retry-after").and_then(|value| value.to_str().ok()), Some("2"));
+    let (status, body) = (response.status().as_u16(), response.json::<Value>().await.unwrap());
+    assert_error(status, &body, 503, "server_overloaded");
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": QUESTION}]});
+    let (status, body) = served.post(ANYONE, "/v1/chat/completions", &chat).await;
+    assert_error(status, &body, 503, "server_overloaded");
+    assert!(served.state(ANYONE, &other).await["messages"].as_array().unwrap().is_empty(), "nothing started");
+    assert_eq!(served.server.turns_in_flight(), 1);
+
+    let run_id = run["run_id"].as_str().unwrap();
+    let (status, _) = served.post(ANYONE, &format!("/threads/{busy}/runs/{run_id}/cancel"), &json!({})).await;
+    assert_eq!(status, 202);
+    within("the cancelled run", served.follow(ANYONE, &busy, run_id, None).await.rest()).await;
+    served.weather_calls(WeatherCall::Answer);
+    let done = served.run_to_end(ANYONE, &other, &json!({"input": QUESTION})).await;
+    assert_eq!(done["status"], "success", "a place is free again once a turn ended: {done}");
+}
+
+#[tokio::test]
+async fn a_message_over_max_message_bytes_is_413_and_a_refused_body_is_read_so_the_client_sees_the_answer() {
+    let served = serve(ServerOptions { max_message_bytes: 1000, max_body_bytes: 64 * 1024, ..open() }).await;
+    let thread = served.create_thread(ANYONE).await;
+    let (status, body) = served.post(ANYONE, &format!("/threads/{thread}/runs"), &json!({"input": "x".repeat(1001)})).await;
+    assert_error(status, &body, 413, "message_too_large");
+    assert_eq!(body["error"]["param"], "input");
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "x".repeat(1001)}]});
+    let (status, body) = served.post(ANYONE, "/v1/chat/completions", &chat).await;
+    assert_error(status, &body, 413, "message_too_large");
+    // A body far over the limit, sent without a length: the client still reads the 413.
+    let chunks = futures::stream::iter((0..64).map(|_| Ok::<_, std::io::Error>(vec![b' '; 16 * 1024])));
+    let huge = served
+        .request(ANYONE, Method::POST, &format!("/threads/{thread}/runs"))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(chunks));
+    let (status, body) = served.send(huge).await;
+    assert_error(status, &body, 413, "request_too_large");
+}
+
+#[tokio::test]
+async fn last_event_id_past_the_end_of_a_running_run_is_a_400() {
+    let served = serve(open()).await;
+    let thread = served.create_thread(ANYONE).await;
+    served.weather_calls(WeatherCall::Hold);
+    let run = served.start_run(ANYONE, &thread, &json!({"input": QUESTION})).await;
+    served.held_weather_call().await;
+    let run_id = run["run_id"].as_str().unwrap();
+    let request = served.request(ANYONE, Method::GET, &format!("/threads/{thread}/runs/{run_id}/stream")).header("Last-Event-ID", "100000");
+    let (status, body) = served.send(request).await;
+    assert_error(status, &body, 400, "invalid_request");
+    served.post(ANYONE, &format!("/threads/{thread}/runs/{run_id}/cancel"), &json!({})).await;
+}
+
+#[tokio::test]
+async fn a_long_url_is_a_json_414() {
+    let served = serve(open()).await;
+    let (status, body) = served.get(ANYONE, &format!("/threads/{}", "a".repeat(10_000))).await;
+    assert_error(status, &body, 414, "uri_too_long");
+}
+
+/// Reads from `stream` until the server closes it; what it sent.
+async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut received = Vec::new();
+    within("the server closing the connection", async {
+        let mut buffer = [0u8; 4096];
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => received.extend_from_slice(&buffer[..read]),
+            }
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+#[tokio::test]
+async fn slow_and_idle_connections_are_closed_after_the_header_timeout() {
+    use tokio::io::AsyncWriteExt as _;
+    let limits = ConnectionLimits { header_timeout: Duration::from_millis(500), ..ConnectionLimits::default() };
+    let served = serve_with(open(), limits).await;
+    let address = served.url.trim_start_matches("http://").to_owned();
+    // A head that never ends (one header line, then nothing): closed without an answer.
+    let mut slow = tokio::net::TcpStream::connect(&address).await.unwrap();
+    slow.write_all(b"GET /info HTTP/1.1\r\nHost: 127.0.0.1\r\n").await.unwrap();
+    let answered = read_until_closed(&mut slow).await;
+    assert!(!answered.contains("200 OK"), "{answered}");
+    // A connection that sends nothing at all.
+    let mut silent = tokio::net::TcpStream::connect(&address).await.unwrap();
+    read_until_closed(&mut silent).await;
+    // A keep-alive connection after its answer.
+    let mut idle = tokio::net::TcpStream::connect(&address).await.unwrap();
+    idle.write_all(b"GET /info HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+    let answered = read_until_closed(&mut idle).await;
+    assert!(answered.starts_with("HTTP/1.1 200 OK"), "answered, then closed while idle: {answered}");
 }

@@ -266,9 +266,15 @@ async fn bad_requests_get_openai_errors() {
     assert_eq!(too_large.status().as_u16(), 413);
     assert_error(&too_large.json().await.unwrap(), Some("request_too_large"));
 
-    let not_json = served.client.post(format!("{}/chat/completions", served.url)).body("{not json").send().await.unwrap();
+    let request = served.client.post(format!("{}/chat/completions", served.url));
+    let not_json = request.header("content-type", "application/json").body("{not json").send().await.unwrap();
     assert_eq!(not_json.status().as_u16(), 400);
     assert_error(&not_json.json().await.unwrap(), Some("invalid_json"));
+    // A server without keys takes only bodies declared as JSON (a web page cannot send those
+    // to another origin without asking first).
+    let undeclared = served.client.post(format!("{}/chat/completions", served.url)).body("{not json").send().await.unwrap();
+    assert_eq!(undeclared.status().as_u16(), 415);
+    assert_error(&undeclared.json().await.unwrap(), Some("unsupported_media_type"));
     assert_eq!(served.llm.chat_requests().len(), 0, "no turn ran");
 }
 

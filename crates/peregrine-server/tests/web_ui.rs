@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use peregrine_llm::Secret;
-use peregrine_server::{ServerOptions, router};
+use peregrine_server::{ConnectionLimits, ServerOptions, router};
 use peregrine_testkit::agent_fixture::{
     EXECUTION_PLAN, EXTRACTED_TASK, LlmCall, call_counts, extracted_task, is_error_analysis, weather_agent, weather_plan,
     with_weather_replies,
@@ -185,6 +185,123 @@ async fn the_web_ui_runs_a_turn_and_a_plan_approval_in_chromium() {
     assert_eq!(served.calls(LlmCall::CurrentWeather), 6, "the weather step ran once per question");
     assert_eq!(served.calls(LlmCall::Respond), 6, "one streamed answer per question; a reconnect runs nothing again");
     assert_eq!(served.calls(LlmCall::Other), 0, "typing yes answers the approval without asking the LLM what it means");
+}
+
+/// What reached a server: the `Origin` (or "-"), the method, the path and the status answered.
+type Seen = Arc<std::sync::Mutex<Vec<(String, String, String, u16)>>>;
+
+/// A keyless server (the default of `peregrine serve`) with the web UI's agent; every request
+/// that reaches it is recorded.
+async fn serve_keyless() -> (Served, reqwest::Client, Seen) {
+    let llm = ScriptedLlmServer::start(san_francisco_script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let agent = weather_agent(&llm.base_url(), 30.0, &dir.path().join("checkpoints.db"), &data_dir).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base_url = format!("http://{}", listener.local_addr().unwrap());
+    let options = ServerOptions { agent_data_dir: Some(data_dir), ..ServerOptions::new(MODEL) };
+    let seen = Seen::default();
+    let record = Arc::clone(&seen);
+    let app = router(Arc::new(agent), options).layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let record = Arc::clone(&record);
+            async move {
+                let origin = request.headers().get("origin").and_then(|value| value.to_str().ok()).unwrap_or("-").to_owned();
+                let (method, path) = (request.method().to_string(), request.uri().path().to_owned());
+                let response = next.run(request).await;
+                record.lock().unwrap().push((origin, method, path, response.status().as_u16()));
+                response
+            }
+        },
+    ));
+    tokio::spawn(peregrine_server::serve(listener, app, ConnectionLimits::default(), tokio_util::sync::CancellationToken::new()));
+    (Served { base_url, llm, _dir: dir }, reqwest::Client::new(), seen)
+}
+
+/// A new thread of `served` waiting for the approval of its plan.
+async fn thread_with_pending_plan(served: &Served, client: &reqwest::Client) -> String {
+    let thread: serde_json::Value =
+        client.post(format!("{}/threads", served.base_url)).json(&serde_json::json!({})).send().await.unwrap().json().await.unwrap();
+    let thread = thread["thread_id"].as_str().unwrap().to_owned();
+    let body = serde_json::json!({"input": "/planning What's the weather in San Francisco?"});
+    let run: serde_json::Value =
+        client.post(format!("{}/threads/{thread}/runs/wait", served.base_url)).json(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(run["status"], "interrupted", "{run}");
+    thread
+}
+
+async fn thread_json(served: &Served, client: &reqwest::Client, thread: &str) -> (u16, serde_json::Value) {
+    let response = client.get(format!("{}/threads/{thread}", served.base_url)).send().await.unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_of_other_origins_in_chromium_cannot_control_a_keyless_server() {
+    assert_browser_installed();
+    let (served, client, seen) = serve_keyless().await;
+    let pending = thread_with_pending_plan(&served, &client).await;
+    let control = thread_with_pending_plan(&served, &client).await;
+    let victim: serde_json::Value =
+        client.post(format!("{}/threads", served.base_url)).json(&serde_json::json!({})).send().await.unwrap().json().await.unwrap();
+    let victim = victim["thread_id"].as_str().unwrap().to_owned();
+    let (_, before) = thread_json(&served, &client, &pending).await;
+    let threads_before =
+        client.get(format!("{}/threads", served.base_url)).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
+
+    // The other site: a page of its own on another port of loopback.
+    let attacker = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let attacker_port = attacker.local_addr().unwrap().port();
+    let page =
+        axum::Router::new().fallback(|| async { axum::response::Html("<!doctype html><title>another site</title><p>nothing to see</p>") });
+    tokio::spawn(async move { axum::serve(attacker, page).await });
+    let origins = [format!("http://localhost:{attacker_port}"), format!("http://127.0.0.1:{attacker_port}")];
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/cross_origin_check.py");
+    let output = tokio::time::timeout(
+        SCRIPT_LIMIT,
+        tokio::process::Command::from(python3())
+            .arg(script)
+            .args([served.base_url.as_str(), &pending, &victim, &control])
+            .args(&origins)
+            .output(),
+    )
+    .await
+    .expect("cross_origin_check.py ends")
+    .expect("python3 runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "cross_origin_check.py failed:\n{stderr}\n{stdout}");
+    let results: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|_| panic!("not JSON: {stdout}"));
+    eprintln!("{results:#}");
+
+    // The attacks were made, and every one that reached the server was refused.
+    let seen = seen.lock().unwrap().clone();
+    for origin in &origins {
+        let attempts = results[origin].as_array().unwrap_or_else(|| panic!("{results}"));
+        assert!(attempts.len() >= 30, "{origin}: {attempts:?}");
+        for attempt in attempts {
+            let outcome = attempt[1].as_str().unwrap_or_default();
+            assert!(!outcome.starts_with("status 2"), "{origin}: a page of another origin read an answer: {attempt}");
+        }
+        let reached: Vec<_> = seen.iter().filter(|(from, ..)| from == origin).collect();
+        eprintln!("{origin}: {} requests reached the server", reached.len());
+        assert!(reached.len() >= 20, "{origin}: the page's requests reached the server: {seen:?}");
+        for (_, method, path, status) in &reached {
+            assert!(matches!(status, 403 | 415), "{origin}: {method} {path} was answered {status}");
+        }
+    }
+    // ... and changed nothing.
+    let (_, after) = thread_json(&served, &client, &pending).await;
+    assert_eq!((after["status"].as_str(), &after["interrupt"]), (Some("interrupted"), &before["interrupt"]), "{after}");
+    let (status, victim_after) = thread_json(&served, &client, &victim).await;
+    assert_eq!(status, 200, "the victim thread was not deleted: {victim_after}");
+    assert_eq!(victim_after["messages"], 0, "nothing was written to it: {victim_after}");
+    let threads_after = client.get(format!("{}/threads", served.base_url)).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
+    assert_eq!(threads_after.as_array().map(Vec::len), threads_before.as_array().map(Vec::len), "no thread was created");
+    // The control: the same approval from the server's own origin is obeyed, so the requests
+    // above were real ones.
+    let (_, control_after) = thread_json(&served, &client, &control).await;
+    assert_eq!(control_after["status"], "idle", "{control_after}");
+    assert_eq!(served.calls(LlmCall::CurrentWeather), 1, "only the control's plan ran");
 }
 
 #[test]

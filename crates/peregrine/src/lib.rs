@@ -49,3 +49,5 @@ pub use peregrine_core as core;
 pub use peregrine_graph as graph;
 /// The LLM layer.
 pub use peregrine_llm as llm;
+/// The HTTP server behind `serve`.
+pub use peregrine_server as server;

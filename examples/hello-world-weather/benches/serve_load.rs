@@ -276,6 +276,8 @@ impl Served {
             assert!(config.contains(sqlite), "project_config's checkpointer section changed: {config}");
             config = config.replace(sqlite, "checkpointer:\n  type: memory\n");
         }
+        // Every conversation of a round runs at once, beyond the default turn limit.
+        config.push_str("server:\n  max_turns_in_flight: 100000\n");
         std::fs::write(dir.path().join("config.yml"), config).expect("config");
         let stderr_path = dir.path().join("serve.stderr.log");
         let stderr = File::create(&stderr_path).expect("stderr log");

@@ -47,6 +47,10 @@ pub async fn run(args: &ServeArgs, config: &Config, app: &dyn Application, out: 
         model_id: app.name().to_owned(),
         api_keys: config.server.api_keys.clone(),
         max_body_bytes: config.server.max_body_bytes,
+        body_timeout: config.server.body_timeout,
+        max_message_bytes: config.server.max_message_bytes,
+        max_turns_in_flight: config.server.max_turns_in_flight,
+        allowed_origins: config.server.allowed_origins.clone(),
         status_lines: config.server.status_lines,
         redact: Arc::new(config.redactor()),
         agent_data_dir: Some(config.settings.agent_data_dir.clone()),
@@ -75,7 +79,9 @@ pub async fn run(args: &ServeArgs, config: &Config, app: &dyn Application, out: 
     });
     // On Ctrl-C: no new connections; running turns get SHUTDOWN_GRACE to end, then they are
     // cancelled (each keeps its last checkpoint) and their streams end; a second Ctrl-C exits.
-    let http = tokio::spawn(axum::serve(listener, router).with_graceful_shutdown(stopping.clone().cancelled_owned()).into_future());
+    let limits =
+        peregrine_server::ConnectionLimits { header_timeout: config.server.header_timeout, max_connections: config.server.max_connections };
+    let http = tokio::spawn(peregrine_server::serve(listener, router, limits, stopping.clone()));
     stopping.cancelled().await;
     if server.running() > 0 {
         out.note(&format!(
@@ -98,10 +104,8 @@ pub async fn run(args: &ServeArgs, config: &Config, app: &dyn Application, out: 
         }
     }
     // Open streams end with their runs; connections still open after that are not waited for long.
-    match tokio::time::timeout(Duration::from_secs(2), http).await {
-        Ok(Ok(Err(error))) => return Err(Failure::from(anyhow::Error::new(error).context("the server stopped"))),
-        Ok(Err(error)) => return Err(Failure::from(anyhow::anyhow!("the server task failed: {error}"))),
-        Ok(Ok(Ok(()))) | Err(_) => {}
+    if let Ok(Err(error)) = tokio::time::timeout(Duration::from_secs(2), http).await {
+        return Err(Failure::from(anyhow::anyhow!("the server task failed: {error}")));
     }
     Ok(())
 }

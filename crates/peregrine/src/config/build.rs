@@ -15,7 +15,9 @@ use peregrine_llm::{LlmConfig, ModelConfig, ProviderConfig, Secret, default_prot
 use super::de::{EnvLookup, Interpolating, Scope, Unresolved, Walk};
 use super::errors::{deserialize_error, typo_hints, unset_message, yaml_error};
 use super::lines::key_position;
-use super::raw::{CheckpointerKind, OrchestrationMode, RawCapabilities, RawCheckpointer, RawConfig, RawLogging, RawProvider, RawServer};
+use super::raw::{
+    CheckpointerKind, OrchestrationMode, PositiveCount, RawCapabilities, RawCheckpointer, RawConfig, RawLogging, RawProvider, RawServer,
+};
 use super::{
     BUILTIN_CAPABILITIES, CapabilitiesConfig, CheckpointerConfig, Config, ConfigError, DevelopmentConfig, LoggingConfig, Secrets,
     ServerConfig, checks, defaults, dsn, merge,
@@ -154,11 +156,35 @@ impl Build<'_> {
             self.secrets.add(&key);
             api_keys.push(Secret::new(key));
         }
+        let mut allowed_origins = Vec::new();
+        for origin in raw.allowed_origins.unwrap_or_default() {
+            if !checks::web_origin(&origin) {
+                return Err(self.error_at(
+                    "server.allowed_origins",
+                    format!("'{origin}' is not a web origin; write scheme, host and port only, such as https://ui.example.org or http://localhost:3000"),
+                ));
+            }
+            allowed_origins.push(origin);
+        }
+        let bounded = |key: &str, given: Option<PositiveCount>, default: usize, max: u64, unit: &str| match given {
+            None => Ok(default),
+            Some(PositiveCount(value)) if u64::from(value) <= max => Ok(value as usize),
+            Some(PositiveCount(value)) => {
+                Err(self.error_at(&format!("server.{key}"), format!("{value} is too large; use at most {max} {unit}")))
+            }
+        };
+        let seconds = |given: usize| std::time::Duration::from_secs(given as u64);
         Ok(ServerConfig {
             host: raw.host.filter(|host| !host.trim().is_empty()).unwrap_or(defaults.host),
             port,
             api_keys,
-            max_body_bytes: raw.max_body_bytes.map_or(defaults.max_body_bytes, |bytes| bytes.0 as usize),
+            max_body_bytes: bounded("max_body_bytes", raw.max_body_bytes, defaults.max_body_bytes, 1 << 30, "bytes")?,
+            max_message_bytes: bounded("max_message_bytes", raw.max_message_bytes, defaults.max_message_bytes, 1 << 30, "bytes")?,
+            max_turns_in_flight: bounded("max_turns_in_flight", raw.max_turns_in_flight, defaults.max_turns_in_flight, 100_000, "turns")?,
+            max_connections: bounded("max_connections", raw.max_connections, defaults.max_connections, 1_000_000, "connections")?,
+            header_timeout: seconds(bounded("header_timeout_seconds", raw.header_timeout_seconds, 30, 3600, "seconds")?),
+            body_timeout: seconds(bounded("body_timeout_seconds", raw.body_timeout_seconds, 60, 3600, "seconds")?),
+            allowed_origins,
             status_lines: raw.status_lines.unwrap_or(defaults.status_lines),
         })
     }

@@ -71,3 +71,43 @@ mod tests {
         assert!(log_file(dir.path()).expect_err("a directory").contains("is a directory"));
     }
 }
+
+/// A web origin as browsers send it: `http` or `https`, `://`, a host and an optional port,
+/// nothing after (a trailing `/` is tolerated).
+pub(crate) fn web_origin(origin: &str) -> bool {
+    let origin = origin.trim().trim_end_matches('/');
+    let Some((scheme, authority)) = origin.split_once("://") else { return false };
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(bracketed) => match bracketed.split_once(']') {
+            Some((host, "")) => (host, None),
+            Some((host, rest)) => match rest.strip_prefix(':') {
+                Some(port) => (host, Some(port)),
+                None => return false,
+            },
+            None => return false,
+        },
+        None => match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
+    };
+    matches!(scheme.to_ascii_lowercase().as_str(), "http" | "https")
+        && !host.is_empty()
+        && !host.contains(['/', '?', '#', '@', ' ', '*', '[', ']'])
+        && port.is_none_or(|port| !port.is_empty() && port.len() <= 5 && port.bytes().all(|byte| byte.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod web_origin_tests {
+    #[test]
+    fn origins_are_scheme_host_and_port_only() {
+        for good in ["https://ui.example.org", "http://localhost:3000", "http://127.0.0.1:8080/", "http://[::1]:3000"] {
+            assert!(super::web_origin(good), "{good}");
+        }
+        for bad in
+            ["ui.example.org", "ftp://x", "http://", "https://ui.example.org/path", "*", "http://*.example.org", "http://a:b", "http://u@h"]
+        {
+            assert!(!super::web_origin(bad), "{bad}");
+        }
+    }
+}

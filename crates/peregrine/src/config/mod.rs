@@ -89,13 +89,37 @@ pub struct ServerConfig {
     pub api_keys: Vec<Secret>,
     /// The largest request body accepted (default 1 MiB).
     pub max_body_bytes: usize,
+    /// The largest message text (default 256 KiB).
+    pub max_message_bytes: usize,
+    /// Turns running at once; more get 503 with `Retry-After` (default 256).
+    pub max_turns_in_flight: usize,
+    /// Connections open at once (default 4,096).
+    pub max_connections: usize,
+    /// Time to send a request head, from opening or from the previous answer (default 30 s).
+    pub header_timeout: std::time::Duration,
+    /// Time to send a request body (default 60 s).
+    pub body_timeout: std::time::Duration,
+    /// Origins whose web pages may use a server without keys (default none: its own page only).
+    pub allowed_origins: Vec<String>,
     /// Whether streamed answers start with progress lines (default true).
     pub status_lines: bool,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { host: "127.0.0.1".to_owned(), port: 8000, api_keys: Vec::new(), max_body_bytes: 1 << 20, status_lines: true }
+        Self {
+            host: "127.0.0.1".to_owned(),
+            port: 8000,
+            api_keys: Vec::new(),
+            max_body_bytes: 1 << 20,
+            max_message_bytes: peregrine_server::DEFAULT_MAX_MESSAGE_BYTES,
+            max_turns_in_flight: peregrine_server::DEFAULT_MAX_TURNS_IN_FLIGHT,
+            max_connections: peregrine_server::DEFAULT_MAX_CONNECTIONS,
+            header_timeout: peregrine_server::DEFAULT_HEADER_TIMEOUT,
+            body_timeout: peregrine_server::DEFAULT_BODY_TIMEOUT,
+            allowed_origins: Vec::new(),
+            status_lines: true,
+        }
     }
 }
 

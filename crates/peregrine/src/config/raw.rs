@@ -194,6 +194,18 @@ pub(crate) struct RawServer {
     #[serde(default)]
     pub max_body_bytes: Option<PositiveCount>,
     #[serde(default)]
+    pub max_message_bytes: Option<PositiveCount>,
+    #[serde(default)]
+    pub max_turns_in_flight: Option<PositiveCount>,
+    #[serde(default)]
+    pub max_connections: Option<PositiveCount>,
+    #[serde(default)]
+    pub header_timeout_seconds: Option<PositiveCount>,
+    #[serde(default)]
+    pub body_timeout_seconds: Option<PositiveCount>,
+    #[serde(default)]
+    pub allowed_origins: Option<Vec<String>>,
+    #[serde(default)]
     pub status_lines: Option<bool>,
 }
 

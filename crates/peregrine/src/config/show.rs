@@ -54,6 +54,12 @@ pub(crate) fn effective(config: &Config) -> Value {
             "port": config.server.port,
             "api_keys": config.server.api_keys.iter().map(|_| "***").collect::<Vec<_>>(),
             "max_body_bytes": config.server.max_body_bytes,
+            "max_message_bytes": config.server.max_message_bytes,
+            "max_turns_in_flight": config.server.max_turns_in_flight,
+            "max_connections": config.server.max_connections,
+            "header_timeout_seconds": config.server.header_timeout.as_secs(),
+            "body_timeout_seconds": config.server.body_timeout.as_secs(),
+            "allowed_origins": config.server.allowed_origins,
             "status_lines": config.server.status_lines,
         },
         "logging": {
