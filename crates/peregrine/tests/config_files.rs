@@ -720,3 +720,205 @@ fn the_server_section_defaults_to_loopback_and_hides_its_keys() {
     assert_eq!(error.key.as_deref(), Some("server.api_keys"), "{error}");
     assert!(!error.message.contains("UNSET_SERVE_KEY}") || error.message.contains("not set"), "{error}");
 }
+
+#[test]
+fn deeply_nested_defaults_are_refused_with_their_position_not_a_crash() {
+    let nested = |levels: usize| format!("{}x{}", "${A:-".repeat(levels), "}".repeat(levels));
+    let value = |levels: usize| format!("models:\n  orchestrator:\n    provider: openai\n    model_id: {}\n", nested(levels));
+    let config = parse(&value(32), &[]).expect("32 levels are allowed");
+    assert_eq!(config.llm.models["orchestrator"].model_id, "x");
+    for levels in [33, 100_000] {
+        let error = parse_err(&value(levels), &[]);
+        assert_eq!((error.line, error.column), (Some(4), Some(15)), "{levels}: {error}");
+        assert_eq!(error.key.as_deref(), Some("models.orchestrator.model_id"), "{levels}: {error}");
+        assert!(error.message.contains("more than 32 levels"), "{levels}: {error}");
+        assert!(error.to_string().starts_with("/srv/agent/config.yml:4:15: models.orchestrator.model_id: "), "{error}");
+    }
+    // Megabytes of unclosed or unbalanced `${` are refused too, in one pass over the value.
+    for junk in ["${".repeat(2_000_000), "${A:-${B}".repeat(300_000), format!("{}{}", "${".repeat(40), "}".repeat(1_000_000))] {
+        let error = parse_err(&format!("system:\n  timezone: \"{junk}\"\n"), &[]);
+        assert_eq!((error.line, error.key.as_deref()), (Some(2), Some("system.timezone")), "{}", error.message.len());
+        assert!(error.message.contains("more than 32 levels"), "{}", &error.message[..200.min(error.message.len())]);
+    }
+}
+
+#[test]
+fn pool_sizes_are_bounded_by_what_a_pool_can_hold() {
+    let checkpointer = |size: &str| format!("checkpointer:\n  type: postgres\n  url: postgres://agent@db/peregrine\n  pool_size: {size}\n");
+    let config = parse(&checkpointer("256"), &[]).expect("256 connections");
+    assert!(matches!(config.checkpointer, CheckpointerConfig::Postgres { pool_size: Some(256), .. }), "{:?}", config.checkpointer);
+    for size in ["257", "4294967295", "${POOL:-100000}"] {
+        let error = parse_err(&checkpointer(size), &[]);
+        assert_eq!((error.line, error.column, error.key.as_deref()), (Some(4), Some(3), Some("checkpointer.pool_size")), "{size}: {error}");
+        assert!(error.message.contains("from 1 to 256"), "{size}: {error}");
+    }
+    let error = parse_err(&checkpointer("0"), &[]);
+    assert_eq!((error.line, error.key.as_deref()), (Some(4), Some("checkpointer.pool_size")), "{error}");
+}
+
+#[test]
+fn sizes_and_budgets_that_would_exhaust_memory_or_never_end_are_refused() {
+    let cases: &[(&str, &str, usize, &str)] = &[
+        ("server:\n  max_body_bytes: 4294967295\n", "server.max_body_bytes", 2, "from 1024 to 67108864"),
+        ("server:\n  max_body_bytes: 100\n", "server.max_body_bytes", 2, "from 1024 to 67108864"),
+        (
+            "execution_control:\n  limits:\n    graph_recursion_limit: 4294967295\n",
+            "execution_control.limits.graph_recursion_limit",
+            3,
+            "10000",
+        ),
+        (
+            "execution_control:\n  limits:\n    max_execution_time_seconds: 18446744073709551615\n",
+            "execution_control.limits.max_execution_time_seconds",
+            3,
+            "86400",
+        ),
+        ("api:\n  providers:\n    openai:\n      timeout_seconds: 999999999\n", "api.providers.openai.timeout_seconds", 4, "86400"),
+        ("execution_control:\n  data_source_timeout_seconds: 1e8\n", "execution_control.data_source_timeout_seconds", 2, "86400"),
+    ];
+    for (text, key, line, says) in cases {
+        let error = parse_err(&format!("{MINIMAL}{text}"), &[]);
+        assert_eq!((error.line, error.key.as_deref()), (Some(line + 4), Some(*key)), "{text}: {error}");
+        assert!(error.message.contains(says), "{text}: {error}");
+    }
+    let text = "server:\n  max_body_bytes: 67108864\nexecution_control:\n  limits:\n    graph_recursion_limit: 10000\n    max_execution_time_seconds: 86400\n";
+    let config = parse(&format!("{MINIMAL}{text}"), &[]).expect("the largest values allowed");
+    assert_eq!((config.server.max_body_bytes, config.settings.limits.graph_recursion_limit), (64 << 20, 10_000));
+}
+
+#[test]
+fn an_agent_data_dir_that_is_a_file_is_refused_by_validate_and_run_alike() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("config.yml");
+    std::fs::write(dir.path().join("data"), "not a directory").expect("write");
+    let text = format!("{MINIMAL}file_paths:\n  agent_data_dir: data\n");
+    std::fs::write(&path, &text).expect("write");
+    // `config validate` and `run` both load through `Config::load`.
+    let options = LoadOptions { explicit: Some(path.clone()) };
+    let error = Config::load_with(&options, dir.path(), &env(&[])).expect_err("a file is not a directory");
+    assert_eq!((error.line, error.column, error.key.as_deref()), (Some(6), Some(3), Some("file_paths.agent_data_dir")), "{error}");
+    assert!(error.message.contains("is a file") && error.message.contains("directory"), "{error}");
+
+    let below_a_file = format!("{MINIMAL}file_paths:\n  agent_data_dir: data/agent\n");
+    let error = Config::from_text(&below_a_file, &path, &env(&[])).expect_err("cannot be created below a file");
+    assert_eq!(error.key.as_deref(), Some("file_paths.agent_data_dir"), "{error}");
+    assert!(error.message.contains("is a file"), "{error}");
+
+    let missing = format!("{MINIMAL}file_paths:\n  agent_data_dir: not-yet/agent\n");
+    let config = Config::from_text(&missing, &path, &env(&[])).expect("a directory that does not exist yet is created");
+    assert_eq!(config.settings.agent_data_dir, dir.path().join("not-yet/agent"));
+
+    // The default directory beside the file is checked the same way.
+    std::fs::write(dir.path().join("_agent_data"), "").expect("write");
+    let error = Config::from_text(MINIMAL, &path, &env(&[])).expect_err("the default directory is a file");
+    assert!(error.message.contains("is a file") && error.message.contains("file_paths.agent_data_dir"), "{error}");
+}
+
+#[test]
+fn a_duplicate_key_is_reported_where_it_is_written_again() {
+    let cases: &[(&str, (usize, usize), &str)] = &[
+        ("models:\n  a: {provider: openai, model_id: m}\nmodels:\n  b: {provider: openai, model_id: m}\n", (3, 1), "models"),
+        ("models:\n  a:\n    provider: openai\n    provider: anthropic\n    model_id: m\n", (4, 5), "models.a.provider"),
+        ("models:\n  a: {provider: openai, model_id: m}\n  a: {provider: openai, model_id: n}\n", (3, 3), "models.a"),
+        ("models: {a: {provider: openai, model_id: m}, a: {provider: openai, model_id: n}}\n", (1, 46), "models.a"),
+        ("system:\n  timezone: UTC\nfile_paths: {}\nsystem:\n  timezone: UTC\n", (4, 1), "system"),
+        ("api:\n  providers:\n    openai:\n      api_key: k\n    openai:\n      api_key: k\n", (5, 5), "api.providers.openai"),
+        ("base: &b\n  provider: openai\n  model_id: m\nmodels:\n  a:\n    <<: *b\n  a:\n    <<: *b\n", (7, 3), "models.a"),
+        ("base: &b\n  provider: openai\nmodels:\n  a:\n    <<: *b\n    model_id: m\n    model_id: n\n", (7, 5), "models.a.model_id"),
+    ];
+    for (text, (line, column), key) in cases {
+        let error = parse_err(text, &[]);
+        assert_eq!((error.line, error.column, error.key.as_deref()), (Some(*line), Some(*column), Some(*key)), "{text}: {error}");
+        let name = key.rsplit('.').next().expect("a name");
+        assert!(error.message.contains(&format!("`{name}`")) && error.message.contains("more than once"), "{text}: {error}");
+    }
+}
+
+/// Lines of a YAML-ish file: the keys Peregrine reads, at any indentation, with values that mix
+/// references, flow collections, anchors, quotes and block scalars.
+fn yaml_ish() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let key = prop::sample::select(vec![
+        "models",
+        "orchestrator",
+        "provider",
+        "model_id",
+        "max_tokens",
+        "api",
+        "providers",
+        "openai",
+        "base_url",
+        "api_key",
+        "checkpointer",
+        "type",
+        "pool_size",
+        "url",
+        "server",
+        "max_body_bytes",
+        "file_paths",
+        "agent_data_dir",
+        "logging",
+        "level",
+        "execution_control",
+        "limits",
+        "graph_recursion_limit",
+        "system",
+        "timezone",
+        "<<",
+        "- name",
+        "-",
+    ]);
+    let value = prop::sample::select(vec![
+        "",
+        "openai",
+        "4096",
+        "-1",
+        "1e400",
+        "0x10",
+        "4294967295",
+        "${A:-${B:-x}}",
+        "${A",
+        "$$",
+        "$A",
+        "{a: b}",
+        "[1, 2]",
+        "&x",
+        "*x",
+        "|",
+        ">-",
+        "'quoted'",
+        "\"dq ${HOME}\"",
+        "~",
+        "null",
+        "yes",
+        "postgres://u:p@h/d",
+        "\t",
+        "#",
+        "{",
+        "]",
+        ": :",
+    ]);
+    let line =
+        (0..4usize, key, value, "[ -~]{0,8}").prop_map(|(indent, key, value, junk)| format!("{}{key}: {value}{junk}", "  ".repeat(indent)));
+    prop::collection::vec(line, 0..24).prop_map(|lines| lines.join("\n"))
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn the_loader_never_panics_on_any_text(text in "\\PC{0,400}") {
+        let _ = parse(&text, &[("A", "1"), ("HOME", "/home/op")]);
+    }
+
+    #[test]
+    fn the_loader_never_panics_on_yaml_ish_files(text in yaml_ish()) {
+        if let Err(error) = parse(&text, &[("A", "1"), ("HOME", "/home/op")]) {
+            // Every error names the file, and a line that exists when it has one.
+            proptest::prop_assert_eq!(error.file.as_deref(), Some(Path::new("/srv/agent/config.yml")));
+            if let Some(line) = error.line {
+                proptest::prop_assert!(line >= 1 && line <= text.lines().count().max(1) + 1, "{error}");
+            }
+        }
+    }
+}

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use peregrine_agent::AgentSettings;
-use peregrine_core::AgentControl;
+use peregrine_core::{AgentControl, ExecutionLimits};
 use peregrine_llm::{LlmConfig, ModelConfig, ProviderConfig, Secret, default_protocol, http::validate_base_url};
 
 use super::de::{EnvLookup, Interpolating, Scope, Unresolved, Walk};
@@ -22,6 +22,21 @@ use super::{
     BUILTIN_CAPABILITIES, CapabilitiesConfig, CheckpointerConfig, Config, ConfigError, DevelopmentConfig, LoggingConfig, Secrets,
     ServerConfig, checks, defaults, dsn, merge,
 };
+
+/// The most connections a PostgreSQL checkpointer's pool may hold (`checkpointer.pool_size`):
+/// the pool allocates its slots up front, and PostgreSQL's own default is 100 connections in all.
+const MAX_POOL_SIZE: u32 = 256;
+
+/// The smallest and largest request body `serve` may be told to accept (`server.max_body_bytes`):
+/// a body is read whole into memory, once per request in flight.
+const BODY_BYTES: std::ops::RangeInclusive<u32> = 1024..=64 << 20;
+
+/// The largest `graph_recursion_limit`: more steps in one turn is a loop, and every step writes a
+/// checkpoint.
+const MAX_RECURSION_LIMIT: u32 = 10_000;
+
+/// The longest `max_execution_time_seconds` (one day, as for every other timeout).
+const MAX_EXECUTION_SECONDS: u64 = 86_400;
 
 /// Provider names with a built-in protocol (see `peregrine_llm::default_protocol`).
 const BUILT_IN_PROVIDERS: &[&str] =
@@ -82,11 +97,26 @@ fn merged(text: &str, path: &Path) -> Result<Option<merge::Node>, ConfigError> {
     if !text.contains("<<") {
         return Ok(None);
     }
-    let document: serde_norway::Value = serde_norway::from_str(text).map_err(|error| yaml_error(&error, path))?;
+    let document: serde_norway::Value =
+        serde_norway::from_str(text).map_err(|error| duplicate_key(text, path).unwrap_or_else(|| yaml_error(&error, path)))?;
     if !merge::has_merge_keys(&document) {
         return Ok(None);
     }
     merge::read(text, &document).map(Some).map_err(|error| yaml_error(&error, path))
+}
+
+/// The first key of `text` written twice in one mapping, at its second occurrence (serde_norway
+/// reports a duplicate in a `Value` at the start of its mapping): the text read again through
+/// the wrapper that tracks keys, with no variable set.
+fn duplicate_key(text: &str, path: &Path) -> Option<ConfigError> {
+    let walk = RefCell::new(Walk::default());
+    let no_variables = |_: &str| None;
+    let deserializer = serde_norway::Deserializer::from_str(text);
+    let result: Result<serde_norway::Value, _> =
+        serde_path_to_error::deserialize(Interpolating::new(deserializer, Scope::new(&no_variables, &walk)));
+    let error = result.err()?;
+    let walk = walk.into_inner();
+    walk.duplicate.is_some().then(|| deserialize_error(error, path, text, &walk))
 }
 
 /// Only comments and blank lines (serde_norway refuses an empty document).
@@ -145,6 +175,21 @@ impl Build<'_> {
             Some(port) => u16::try_from(port.0)
                 .map_err(|_| self.error_at("server.port", format!("{} is not a port; use a number from 0 to 65535", port.0)))?,
         };
+        let max_body_bytes = match raw.max_body_bytes {
+            None => defaults.max_body_bytes,
+            Some(bytes) if BODY_BYTES.contains(&bytes.0) => bytes.0 as usize,
+            Some(bytes) => {
+                return Err(self.error_at(
+                    "server.max_body_bytes",
+                    format!(
+                        "{} bytes is out of range; use a number from {} to {} (64 MiB; the default is 1048576, 1 MiB)",
+                        bytes.0,
+                        BODY_BYTES.start(),
+                        BODY_BYTES.end()
+                    ),
+                ));
+            }
+        };
         let mut api_keys = Vec::new();
         for key in raw.api_keys.unwrap_or_default() {
             if key.trim().is_empty() || key.contains("${") {
@@ -178,8 +223,8 @@ impl Build<'_> {
             host: raw.host.filter(|host| !host.trim().is_empty()).unwrap_or(defaults.host),
             port,
             api_keys,
-            max_body_bytes: bounded("max_body_bytes", raw.max_body_bytes, defaults.max_body_bytes, 1 << 30, "bytes")?,
-            max_message_bytes: bounded("max_message_bytes", raw.max_message_bytes, defaults.max_message_bytes, 1 << 30, "bytes")?,
+            max_body_bytes,
+            max_message_bytes: bounded("max_message_bytes", raw.max_message_bytes, defaults.max_message_bytes, 64 << 20, "bytes")?,
             max_turns_in_flight: bounded("max_turns_in_flight", raw.max_turns_in_flight, defaults.max_turns_in_flight, 100_000, "turns")?,
             max_connections: bounded("max_connections", raw.max_connections, defaults.max_connections, 1_000_000, "connections")?,
             header_timeout: seconds(bounded("header_timeout_seconds", raw.header_timeout_seconds, 30, 3600, "seconds")?),
@@ -337,13 +382,17 @@ impl Build<'_> {
                 format!("{} is invalid: {}", invalid.value, invalid.reason),
             ));
         }
+        self.check_limit_ceilings(&limits)?;
         let defaults = AgentSettings::default();
-        let agent_data_dir = raw
-            .file_paths
-            .as_ref()
-            .and_then(|paths| paths.agent_data_dir.as_deref())
-            .filter(|dir| !dir.trim().is_empty())
-            .map_or_else(|| self.project_dir.join("_agent_data"), |dir| self.path(dir));
+        let written_dir = raw.file_paths.as_ref().and_then(|paths| paths.agent_data_dir.as_deref()).filter(|dir| !dir.trim().is_empty());
+        let agent_data_dir = written_dir.map_or_else(|| self.project_dir.join("_agent_data"), |dir| self.path(dir));
+        // `run` creates the directory; a file in its way would fail only then.
+        checks::data_dir(&agent_data_dir).map_err(|mut message| {
+            if written_dir.is_none() {
+                message.push_str(" (the default agent data directory; set file_paths.agent_data_dir to another directory)");
+            }
+            self.error_at("file_paths.agent_data_dir", message)
+        })?;
         let timezone = match raw.system.as_ref().and_then(|system| system.timezone.clone()) {
             Some(timezone) => {
                 if let Some(file) = &timezone.unreadable_file {
@@ -381,8 +430,38 @@ impl Build<'_> {
         })
     }
 
+    /// Limits beyond which a turn never ends in practice (`ExecutionLimits::validate` refuses the
+    /// ones that would stop every turn).
+    fn check_limit_ceilings(&self, limits: &ExecutionLimits) -> Result<(), ConfigError> {
+        if limits.graph_recursion_limit > MAX_RECURSION_LIMIT {
+            return Err(self.error_at(
+                "execution_control.limits.graph_recursion_limit",
+                format!(
+                    "{} is too many steps for one turn (a turn of more than {MAX_RECURSION_LIMIT} is a loop, and every step writes a checkpoint); use at most {MAX_RECURSION_LIMIT} (the default is 100)",
+                    limits.graph_recursion_limit
+                ),
+            ));
+        }
+        if limits.max_execution_time_seconds > MAX_EXECUTION_SECONDS {
+            return Err(self.error_at(
+                "execution_control.limits.max_execution_time_seconds",
+                format!(
+                    "{} seconds is longer than a turn can usefully run; use a number from 1 to {MAX_EXECUTION_SECONDS} (one day; the default is 300)",
+                    limits.max_execution_time_seconds
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn checkpointer(&mut self, raw: Option<RawCheckpointer>, agent_data_dir: &Path) -> Result<CheckpointerConfig, ConfigError> {
         let raw = raw.unwrap_or_default();
+        if let Some(size) = raw.pool_size.filter(|size| size.0 > MAX_POOL_SIZE) {
+            return Err(self.error_at(
+                "checkpointer.pool_size",
+                format!("{} connections is more than a pool can hold; use a number from 1 to {MAX_POOL_SIZE} (the default is 16)", size.0),
+            ));
+        }
         let kind = raw.kind.unwrap_or(CheckpointerKind::Sqlite);
         let unused = |key: &str, kind: &str| format!("checkpointer.{key} is not used with type {kind} (ignored)");
         Ok(match kind {

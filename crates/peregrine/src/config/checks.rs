@@ -1,5 +1,6 @@
 //! Checks of single values that `run` would otherwise fail on after `config validate` said the
-//! file was fine: the `logging.level` filter, the `logging.file` directory. (A provider's
+//! file was fine: the `logging.level` filter, the `logging.file` directory, the
+//! `file_paths.agent_data_dir` directory. (A provider's
 //! `base_url` is checked with `peregrine_llm::http::validate_base_url`, the check the provider
 //! itself makes; `checkpointer.url` with tokio-postgres, see [`super::dsn`].) Each returns what is
 //! wrong, without the key: the caller adds the key and line.
@@ -42,6 +43,32 @@ pub(crate) fn log_file(path: &Path) -> Result<(), String> {
     }
 }
 
+/// A directory `run` can use or create: neither it nor its nearest existing ancestor is a file
+/// (one that does not exist yet is created).
+pub(crate) fn data_dir(path: &Path) -> Result<(), String> {
+    for (index, ancestor) in path.ancestors().enumerate() {
+        match std::fs::metadata(ancestor) {
+            Ok(metadata) if metadata.is_dir() => return Ok(()),
+            Ok(_) if index == 0 => {
+                return Err(format!(
+                    "{} is a file, not a directory; point the agent data directory at a directory (one that does not exist yet is created) or move the file away",
+                    path.display()
+                ));
+            }
+            Ok(_) => {
+                return Err(format!(
+                    "{} is a file, so the directory {} cannot be created in it; choose a directory elsewhere or move the file away",
+                    ancestor.display(),
+                    path.display()
+                ));
+            }
+            // Missing (created by `run`) or unreadable here (reported by `run` with its cause).
+            Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +88,17 @@ mod tests {
             let message = log_level(bad).expect_err(bad);
             assert!(message.contains(says) && message.contains("trace, debug, info, warn, error"), "{bad}: {message}");
         }
+    }
+
+    #[test]
+    fn a_data_dir_may_be_missing_but_not_a_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").expect("write");
+        assert_eq!(data_dir(dir.path()), Ok(()));
+        assert_eq!(data_dir(&dir.path().join("new/deeper")), Ok(()));
+        assert!(data_dir(&file).expect_err("a file").contains("is a file, not a directory"));
+        assert!(data_dir(&file.join("below")).expect_err("below a file").contains("cannot be created in it"));
     }
 
     #[test]

@@ -24,12 +24,12 @@
 //! references holds no secret of its own and is not recorded.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor};
 
-use super::interpolate::{interpolate, is_placeholder_key, is_secret_name, is_url_name, only_braced_references, url_passwords};
+use super::interpolate::{TooDeep, interpolate, is_placeholder_key, is_secret_name, is_url_name, only_braced_references, url_passwords};
 
 /// The environment variables a value may reference.
 pub(crate) type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -49,6 +49,10 @@ pub(crate) struct Walk {
     pub unresolved: BTreeMap<String, Unresolved>,
     /// Secret values by dotted key (to keep even a short one out of an error about it).
     pub secret_values: BTreeMap<String, String>,
+    /// The keys written so far in each mapping, by the path of the mapping.
+    keys_seen: BTreeMap<Vec<String>, BTreeSet<String>>,
+    /// The dotted key written twice in one mapping, when that stopped the walk.
+    pub duplicate: Option<String>,
 }
 
 /// A value that kept an unset reference.
@@ -82,9 +86,28 @@ impl Walk {
         self.path.iter().rev().find(|segment| !segment.starts_with('[')).map_or("", String::as_str)
     }
 
+    /// Records `key` as written in the current mapping; a key written twice is refused (serde
+    /// would keep either the last value or report the mapping's first line, not this one).
+    fn key(&mut self, key: String) -> Result<(), String> {
+        let seen = self.keys_seen.entry(self.path.clone()).or_default();
+        if !seen.insert(key.clone()) {
+            let mut dotted = self.dotted();
+            if !dotted.is_empty() {
+                dotted.push('.');
+            }
+            dotted.push_str(&key);
+            self.duplicate = Some(dotted);
+            return Err(format!(
+                "`{key}` is written more than once in the same mapping; write each key once (merge the two entries into one)"
+            ));
+        }
+        self.pending_key = Some(key);
+        Ok(())
+    }
+
     /// Interpolates one value at the current key, recording warnings and secrets.
-    fn value(&mut self, raw: &str, env: EnvLookup<'_>) -> Option<String> {
-        let result = interpolate(raw, env);
+    fn value(&mut self, raw: &str, env: EnvLookup<'_>) -> Result<Option<String>, TooDeep> {
+        let result = interpolate(raw, env)?;
         let key = self.dotted();
         let provider = self.parent_key().to_owned();
         let secret_key = is_secret_name(self.last_key()) && !is_placeholder_key(&provider, &result.text);
@@ -129,7 +152,7 @@ impl Walk {
         if result.unterminated {
             self.warn(format!("{key} has an unterminated `${{` (no closing `}}`); it is kept as written (write `$$` for a literal `$`)"));
         }
-        result.changed.then_some(result.text)
+        Ok(result.changed.then_some(result.text))
     }
 
     fn warn(&mut self, warning: String) {
@@ -301,20 +324,23 @@ struct Visit<'c, V> {
 }
 
 impl<'c, V> Visit<'c, V> {
-    fn key(&self, key: impl fmt::Display) {
+    /// Records a key (an error for one written twice, raised here so that serde_norway gives it
+    /// the position of the second one).
+    fn key<E: de::Error>(&self, key: impl fmt::Display) -> Result<(), E> {
         if self.role == Role::Key {
-            self.scope.walk.borrow_mut().pending_key = Some(key.to_string());
+            self.scope.walk.borrow_mut().key(key.to_string()).map_err(E::custom)?;
         }
+        Ok(())
     }
 
     /// The value after interpolation, or `None` when nothing changed.
-    fn interpolated(&self, raw: &str) -> Option<String> {
+    fn interpolated<E: de::Error>(&self, raw: &str) -> Result<Option<String>, E> {
         match self.role {
             Role::Key => {
-                self.key(raw);
-                None
+                self.key(raw)?;
+                Ok(None)
             }
-            Role::Value => self.scope.walk.borrow_mut().value(raw, self.scope.env),
+            Role::Value => self.scope.walk.borrow_mut().value(raw, self.scope.env).map_err(|too_deep| E::custom(too_deep)),
         }
     }
 
@@ -385,7 +411,7 @@ macro_rules! pass_scalar {
     ($($method:ident($ty:ty)),* $(,)?) => {
         $(
             fn $method<E: de::Error>(self, value: $ty) -> Result<V::Value, E> {
-                self.key(value);
+                self.key::<E>(value)?;
                 self.visitor.$method(value)
             }
         )*
@@ -406,7 +432,7 @@ impl<'de, 'c, V: Visitor<'de>> Visitor<'de> for Visit<'c, V> {
     }
 
     fn visit_str<E: de::Error>(self, value: &str) -> Result<V::Value, E> {
-        match self.interpolated(value) {
+        match self.interpolated::<E>(value)? {
             Some(text) => self.typed(text),
             None => match self.written_bool(value) {
                 Some(flag) => self.visitor.visit_bool(flag),
@@ -416,7 +442,7 @@ impl<'de, 'c, V: Visitor<'de>> Visitor<'de> for Visit<'c, V> {
     }
 
     fn visit_borrowed_str<E: de::Error>(self, value: &'de str) -> Result<V::Value, E> {
-        match self.interpolated(value) {
+        match self.interpolated::<E>(value)? {
             Some(text) => self.typed(text),
             None => match self.written_bool(value) {
                 Some(flag) => self.visitor.visit_bool(flag),
@@ -426,7 +452,7 @@ impl<'de, 'c, V: Visitor<'de>> Visitor<'de> for Visit<'c, V> {
     }
 
     fn visit_string<E: de::Error>(self, value: String) -> Result<V::Value, E> {
-        match self.interpolated(&value) {
+        match self.interpolated::<E>(&value)? {
             Some(text) => self.typed(text),
             None => match self.written_bool(&value) {
                 Some(flag) => self.visitor.visit_bool(flag),

@@ -97,6 +97,9 @@ pub(crate) fn deserialize_error(
     } else if key.is_none() && message.contains("expected struct RawConfig") {
         message = "config.yml must be a mapping of sections (models:, api:, execution_control:, …)".to_owned();
     }
+    if let Some(duplicate) = &walk.duplicate {
+        key = Some(duplicate.clone());
+    }
     let written = key.as_ref().and_then(|key| key_position(text, &key.split('.').collect::<Vec<_>>()));
     let position = match (&location, written) {
         // serde_norway reports a missing key where the mapping ends: the next key's line.

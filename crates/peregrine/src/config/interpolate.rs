@@ -9,7 +9,28 @@
 //! again (upstream runs its `$VAR` pass over the result of the `${VAR}` pass, so a password
 //! containing `$x` was mangled).
 
+use std::fmt;
+
 use super::dsn;
+
+/// How deeply `${…}` may nest (`${A:-${B:-x}}` nests two levels). Deeper is refused: a default
+/// is resolved by interpolating it in turn, so the depth bounds both the recursion (no stack
+/// overflow on hostile input) and the number of times a character is scanned (linear time).
+pub(crate) const MAX_NESTING: usize = 32;
+
+/// A value whose `${` nest more than [`MAX_NESTING`] levels deep (or leave more than that many
+/// open). Says nothing of the value, which may be a secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TooDeep;
+
+impl fmt::Display for TooDeep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`${{` references nest more than {MAX_NESTING} levels deep (or more than {MAX_NESTING} `${{` are left open), which is refused; nest defaults at most {MAX_NESTING} levels, such as `${{A:-${{B:-default}}}}`, and write `$$` for a literal `$`"
+        )
+    }
+}
 
 /// The result of interpolating one string.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,8 +47,9 @@ pub(crate) struct Interpolated {
     pub unterminated: bool,
 }
 
-/// Interpolates `input` with `env`; unresolved references are kept verbatim.
-pub(crate) fn interpolate(input: &str, env: &dyn Fn(&str) -> Option<String>) -> Interpolated {
+/// Interpolates `input` with `env`; unresolved references are kept verbatim. Refuses `${` nested
+/// more than [`MAX_NESTING`] levels deep.
+pub(crate) fn interpolate(input: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Interpolated, TooDeep> {
     let mut out = Interpolated {
         text: String::with_capacity(input.len()),
         changed: false,
@@ -35,11 +57,11 @@ pub(crate) fn interpolate(input: &str, env: &dyn Fn(&str) -> Option<String>) -> 
         substituted: Vec::new(),
         unterminated: false,
     };
-    interpolate_into(input, env, &mut out);
-    out
+    interpolate_into(input, env, &mut out)?;
+    Ok(out)
 }
 
-fn interpolate_into(input: &str, env: &dyn Fn(&str) -> Option<String>, out: &mut Interpolated) {
+fn interpolate_into(input: &str, env: &dyn Fn(&str) -> Option<String>, out: &mut Interpolated) -> Result<(), TooDeep> {
     let mut rest = input;
     while let Some(dollar) = rest.find('$') {
         out.text.push_str(&rest[..dollar]);
@@ -49,7 +71,7 @@ fn interpolate_into(input: &str, env: &dyn Fn(&str) -> Option<String>, out: &mut
             out.changed = true;
             Some(1)
         } else if let Some(braced) = after.strip_prefix('{') {
-            braced_reference(braced, env, out)
+            braced_reference(braced, env, out)?
         } else {
             bare_reference(after, env, out)
         };
@@ -62,10 +84,15 @@ fn interpolate_into(input: &str, env: &dyn Fn(&str) -> Option<String>, out: &mut
         }
     }
     out.text.push_str(rest);
+    Ok(())
 }
 
-/// The index of the `}` closing a `${` whose content starts `braced`, skipping nested `${…}`.
-fn closing_brace(braced: &str) -> Option<usize> {
+/// The index of the `}` closing a `${` whose content starts `braced`, skipping nested `${…}`;
+/// `None` when it is not closed. The scan stops as soon as more than [`MAX_NESTING`] levels are
+/// open, so that a `${` is never scanned past that depth: a top-level `${` sees every level
+/// inside it, so the defaults it resolves (recursively) are known to nest no deeper.
+fn closing_brace(braced: &str) -> Result<Option<usize>, TooDeep> {
+    // Levels open inside this `${`, which is itself one.
     let mut depth = 0usize;
     let bytes = braced.as_bytes();
     let mut index = 0;
@@ -73,23 +100,26 @@ fn closing_brace(braced: &str) -> Option<usize> {
         match bytes[index] {
             b'$' if bytes.get(index + 1) == Some(&b'{') => {
                 depth += 1;
+                if depth >= MAX_NESTING {
+                    return Err(TooDeep);
+                }
                 index += 1;
             }
-            b'}' if depth == 0 => return Some(index),
+            b'}' if depth == 0 => return Ok(Some(index)),
             b'}' => depth -= 1,
             _ => {}
         }
         index += 1;
     }
-    None
+    Ok(None)
 }
 
 /// `${NAME}` or `${NAME:-default}` (after the `$`); returns the bytes consumed after the `$`, or
 /// `None` when this is not a reference (kept as written; an unclosed `${` is flagged).
-fn braced_reference(braced: &str, env: &dyn Fn(&str) -> Option<String>, out: &mut Interpolated) -> Option<usize> {
-    let Some(close) = closing_brace(braced) else {
+fn braced_reference(braced: &str, env: &dyn Fn(&str) -> Option<String>, out: &mut Interpolated) -> Result<Option<usize>, TooDeep> {
+    let Some(close) = closing_brace(braced)? else {
         out.unterminated = true;
-        return None;
+        return Ok(None);
     };
     let expression = &braced[..close];
     let (name, default) = match expression.split_once(":-") {
@@ -97,14 +127,15 @@ fn braced_reference(braced: &str, env: &dyn Fn(&str) -> Option<String>, out: &mu
         None => (expression, None),
     };
     if !is_variable_name(name) {
-        return None;
+        return Ok(None);
     }
     match (env(name), default) {
         (Some(value), None) => substitute(name, value, out),
         (Some(value), Some(_)) if !value.is_empty() => substitute(name, value, out),
         (_, Some(default)) => {
-            // The default may hold references of its own, resolved now that it is used.
-            let mut inner = interpolate(default, env);
+            // The default may hold references of its own, resolved now that it is used (one
+            // level less deep than this one, as `closing_brace` made sure).
+            let mut inner = interpolate(default, env)?;
             out.unresolved.append(&mut inner.unresolved);
             out.substituted.append(&mut inner.substituted);
             out.unterminated |= inner.unterminated;
@@ -116,7 +147,7 @@ fn braced_reference(braced: &str, env: &dyn Fn(&str) -> Option<String>, out: &mu
             out.unresolved.push(written);
         }
     }
-    Some(close + 2)
+    Ok(Some(close + 2))
 }
 
 /// `$NAME` (after the `$`).
@@ -146,8 +177,8 @@ pub(crate) fn only_braced_references(raw: &str) -> bool {
     let mut rest = raw.trim();
     while let Some(braced) = rest.strip_prefix("${") {
         match closing_brace(braced) {
-            Some(close) => rest = braced[close + 1..].trim_start(),
-            None => return false,
+            Ok(Some(close)) => rest = braced[close + 1..].trim_start(),
+            Ok(None) | Err(TooDeep) => return false,
         }
     }
     rest.is_empty() && !raw.trim().is_empty()
@@ -288,7 +319,7 @@ mod tests {
             ("trailing $", "trailing $", &[]),
         ];
         for (input, expected, unresolved) in cases {
-            let result = interpolate(input, &env);
+            let result = interpolate(input, &env).expect("shallow");
             assert_eq!(result.text, *expected, "{input}");
             assert_eq!(result.unresolved, *unresolved, "{input}");
             assert_eq!(result.changed, input != expected, "{input}");
@@ -308,15 +339,67 @@ mod tests {
             ("${MISSING:-$$}", "$", &[]),
         ];
         for (input, expected, unresolved) in cases {
-            let result = interpolate(input, &env);
+            let result = interpolate(input, &env).expect("shallow");
             assert_eq!(result.text, *expected, "{input}");
             assert_eq!(result.unresolved, *unresolved, "{input}");
             assert!(result.changed && !result.unterminated, "{input}");
         }
-        let unclosed = interpolate("${unclosed and ${HOME}", &env);
+        let unclosed = interpolate("${unclosed and ${HOME}", &env).expect("shallow");
         assert!(unclosed.unterminated);
         assert_eq!(unclosed.text, "${unclosed and /home/op");
         assert!(only_braced_references("${A} ${B:-x}") && !only_braced_references("sk-${A}") && !only_braced_references("$A"));
+    }
+
+    #[test]
+    fn nesting_deeper_than_the_limit_is_refused_in_one_pass() {
+        let nested = |levels: usize| format!("{}deep{}", "${MISSING:-".repeat(levels), "}".repeat(levels));
+        assert_eq!(interpolate(&nested(MAX_NESTING), &env).map(|result| result.text), Ok("deep".to_owned()));
+        for levels in [MAX_NESTING + 1, 100_000] {
+            assert_eq!(interpolate(&nested(levels), &env), Err(TooDeep), "{levels}");
+        }
+        // A set variable skips its default, which is refused all the same.
+        assert_eq!(interpolate(&format!("${{HOME:-{}}}", nested(MAX_NESTING)), &env), Err(TooDeep));
+        // Unclosed `${` count as open levels: a few are kept as written, megabytes are refused.
+        let open = interpolate(&"${".repeat(MAX_NESTING), &env).expect("kept");
+        assert!(open.unterminated && open.text == "${".repeat(MAX_NESTING));
+        assert_eq!(interpolate(&"${".repeat(2_000_000), &env), Err(TooDeep));
+        assert_eq!(interpolate(&"${A:-${HOME}".repeat(300_000), &env), Err(TooDeep));
+        // Side by side is not nested.
+        let flat = "${MISSING:-x}".repeat(100_000);
+        assert_eq!(interpolate(&flat, &env).map(|result| result.text.len()), Ok(100_000));
+        assert!(!only_braced_references(&nested(100_000)));
+        assert!(TooDeep.to_string().contains("more than 32 levels"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_interpolates_without_panicking(input in "\\PC*", dollars in "[${}:A-Z_-]{0,64}") {
+            for text in [input.clone(), dollars.clone(), format!("{input}{dollars}")] {
+                if let Ok(result) = interpolate(&text, &env) {
+                    proptest::prop_assert!(result.changed || result.text == text);
+                }
+            }
+        }
+
+        #[test]
+        fn text_without_a_dollar_is_unchanged(input in "[^$]*") {
+            let result = interpolate(&input, &env).expect("no reference, no nesting");
+            proptest::prop_assert_eq!(&result.text, &input);
+            proptest::prop_assert!(!result.changed && !result.unterminated);
+            proptest::prop_assert!(result.unresolved.is_empty() && result.substituted.is_empty());
+        }
+
+        #[test]
+        fn doubled_dollars_are_literal_dollars(input in "\\PC*") {
+            let result = interpolate(&input.replace('$', "$$"), &env).expect("no reference");
+            proptest::prop_assert_eq!(result.text, input);
+        }
+
+        #[test]
+        fn nested_defaults_resolve_to_the_innermost(levels in 1..=MAX_NESTING, innermost in "[a-z0-9/]{0,12}") {
+            let text = format!("{}{innermost}{}", "${MISSING:-".repeat(levels), "}".repeat(levels));
+            proptest::prop_assert_eq!(interpolate(&text, &env).map(|result| result.text), Ok(innermost));
+        }
     }
 
     #[test]

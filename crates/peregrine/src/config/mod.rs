@@ -54,7 +54,7 @@ pub enum CheckpointerConfig {
     Postgres {
         /// The connection URL (a secret: it may hold a password).
         url: Secret,
-        /// Connection pool size (default 16).
+        /// Connection pool size (1 to 256; default 16).
         pool_size: Option<usize>,
     },
     /// In memory: lost when the process exits.
@@ -350,8 +350,8 @@ impl Config {
 
     /// Parses the text of a config file named `path` (used in errors and as the base of
     /// relative paths), resolving `${VAR}` with `env`. Reads no file and no environment (it
-    /// only looks whether `logging.file`'s directory exists, and reads the link a `TZ` such as
-    /// `:/etc/localtime` names).
+    /// only looks whether `logging.file`'s directory exists, whether the agent data directory is
+    /// a file, and reads the link a `TZ` such as `:/etc/localtime` names).
     pub fn from_text(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         build::parse(text, path, env)
     }

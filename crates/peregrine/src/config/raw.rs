@@ -323,7 +323,10 @@ impl<'de> Deserialize<'de> for Count {
     }
 }
 
-/// A positive, finite number of seconds.
+/// The longest timeout (one day): longer waits are hangs in all but name.
+const MAX_SECONDS: f64 = 86_400.0;
+
+/// A positive number of seconds, at most [`MAX_SECONDS`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Seconds(pub f64);
 
@@ -333,10 +336,10 @@ impl<'de> Deserialize<'de> for Seconds {
         impl Visitor<'_> for Expect {
             type Value = Seconds;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a positive number of seconds (such as 120)")
+                f.write_str("a positive number of seconds up to 86400, one day (such as 120)")
             }
             fn visit_f64<E: de::Error>(self, value: f64) -> Result<Seconds, E> {
-                if value.is_finite() && value > 0.0 && value < 1e9 {
+                if value.is_finite() && value > 0.0 && value <= MAX_SECONDS {
                     Ok(Seconds(value))
                 } else {
                     Err(E::invalid_value(de::Unexpected::Float(value), &self))
