@@ -29,6 +29,7 @@ use crate::auth::ApiKeys;
 use crate::error::{ApiError, json_response};
 use crate::progress::{TurnTrace, Usage};
 use crate::request::{BackgroundTask, ChatRequest, Conversation};
+use crate::request_log::LoggedThread;
 
 /// How long a stream may send nothing before it sends [`KEEP_ALIVE`], so that proxies do not cut
 /// a long turn; also how long a stream waits for its turn to start before it answers anyway.
@@ -100,9 +101,11 @@ pub(crate) async fn unknown_route(method: Method, uri: Uri) -> Response {
     ApiError::unknown_url(method.as_str(), uri.path()).into_response()
 }
 
-/// `POST /v1/chat/completions`. Every error text is redacted before it is answered or logged.
+/// `POST /v1/chat/completions`. Every error text is redacted before it is answered or logged;
+/// a turn's answer (or refusal) names its thread to the request log.
 pub(crate) async fn chat_completions(State(state): Shared, headers: HeaderMap, body: Body) -> Response {
-    match answer(&state, &headers, body).await {
+    let mut thread = None;
+    let mut response = match answer(&state, &headers, body, &mut thread).await {
         Ok(response) => response,
         Err(error) => {
             let error = error.redacted(&state.redact);
@@ -111,7 +114,11 @@ pub(crate) async fn chat_completions(State(state): Shared, headers: HeaderMap, b
             }
             refusal(error)
         }
+    };
+    if let Some(thread) = thread {
+        response.extensions_mut().insert(LoggedThread(thread));
     }
+    response
 }
 
 /// An error answer. A 500 (the turn failed after it may have written checkpoints) and a 409
@@ -127,8 +134,8 @@ fn refusal(error: ApiError) -> Response {
 }
 
 /// Authenticates, reads and checks the request, then answers a background task directly, or
-/// claims the conversation's thread and answers with a turn.
-async fn answer(state: &Arc<ServerState>, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+/// claims the conversation's thread (its id goes into `thread`) and answers with a turn.
+async fn answer(state: &Arc<ServerState>, headers: &HeaderMap, body: Body, thread: &mut Option<String>) -> Result<Response, ApiError> {
     let caller = state.keys.authenticate(headers)?;
     let body = read_body(headers, body, state.max_body_bytes).await?;
     let request = ChatRequest::parse(&body)?;
@@ -145,6 +152,7 @@ async fn answer(state: &Arc<ServerState>, headers: &HeaderMap, body: Body) -> Re
         }));
     }
     let mut conversation = request.conversation(&caller, headers)?;
+    *thread = Some(conversation.thread_id.clone());
     let busy = BusyThread::claim(state, &conversation.thread_id)?;
     tracing::info!(
         thread = %conversation.thread_id, identity = ?conversation.identity, stream = request.is_stream(), "chat completion turn starts"

@@ -110,24 +110,39 @@
 //!
 //! # Background tasks
 //! Open WebUI asks the chat's model for titles, tags, follow-up suggestions, search queries,
-//! emojis, image prompts and autocompletions, each as a request whose one message is a user
-//! message built from a prompt template that begins with `### Task:` and quotes the chat in a
-//! `<chat_history>` block (Open WebUI drops `metadata` before it calls a connection, and adds the
-//! model's system prompt when one is set for it). A request is such a task only when
+//! image prompts and autocompletions, each as a request whose one message is a user message
+//! built from a prompt template that begins with `### Task:` and quotes the chat in a
+//! `<chat_history>` block; in voice mode it asks for an emoji of the speaker's expression, and a
+//! chat with several models asks one of them to merge their answers (mixture of agents, MoA),
+//! with templates of their own that have neither (Open WebUI drops `metadata` before it calls a
+//! connection, and adds the model's system prompt when one is set for it). A request is such a
+//! task only when
 //! - its `metadata.task` is one of Open WebUI's task names: `title_generation`,
 //!   `tags_generation`, `follow_up_generation`, `query_generation`, `emoji_generation`,
 //!   `autocomplete_generation`, `image_prompt_generation`, `moa_response_generation` (a client
 //!   that passes Open WebUI's metadata on; any other value is ignored), or
-//! - its messages but `system` and `developer` ones are exactly one user message that begins with
-//!   `### Task:` after leading whitespace and holds `<chat_history>` followed by `</chat_history>`.
+//! - its messages but `system` and `developer` ones are exactly one user message that, leading
+//!   and trailing whitespace aside,
+//!   - begins with `### Task:` and holds `<chat_history>` followed by `</chat_history>`, or
+//!   - is Open WebUI's default emoji template (`DEFAULT_EMOJI_GENERATION_PROMPT_TEMPLATE`)
+//!     around a message: its whole fixed text (`Your task is to reflect the speaker's likely
+//!     facial expression through a fitting emoji. …` up to `Message: ` and three backticks),
+//!     the message, then three backticks as the end, or
+//!   - is Open WebUI's default MoA template (`DEFAULT_MOA_GENERATION_PROMPT_TEMPLATE`) around a
+//!     query and the models' answers: `You have been provided with a set of responses from
+//!     various models to the latest user query: "`, the query, the template's whole fixed text
+//!     from `"` and `Your task is to synthesize these responses …` up to `Responses from models:
+//!     `, then nothing or the answers, which begin and end with `"""` (Open WebUI quotes each so).
 //!
 //! Anything else runs as a turn (each on a conversation of its own when it is a first message):
 //! Open WebUI's question about files, knowledge or a web search (its RAG template, put before the
 //! user's message when `RAG_SYSTEM_CONTEXT` is off, begins with `### Task:` but has no chat
 //! history), any other `### Task:` message without one, a `### Task:` message with a history
-//! before it, the tools function-calling prompt (system `Available Tools: …`, user `Query:
-//! History: …`; give the model native function calling in Open WebUI, or no tools), and a
-//! template an admin rewrote without `### Task:` or `<chat_history>`.
+//! before it, a message that quotes, shortens or adds to the emoji or MoA template, either of them
+//! after other messages, the tools function-calling prompt (system `Available Tools: …`, user
+//! `Query: History: …`; give the model native function calling in Open WebUI, or no tools), and a
+//! template an admin rewrote (without `### Task:` or `<chat_history>`, or any change to the emoji
+//! or MoA template's fixed text).
 //!
 //! A task runs no turn and reads or writes no thread. Its prompt alone (that user message; for
 //! `metadata.task`, the last user message) goes to one LLM call of the `response` role, which is
@@ -146,7 +161,8 @@
 //! 1. Header `X-OpenWebUI-Chat-Id` (Open WebUI with `ENABLE_FORWARD_USER_INFO_HEADERS`), else
 //!    header `X-Session-Id`: kind `chat-id` or `session-id`, then the id. Two users of one key
 //!    who send the same id have two threads. Open WebUI's ids that name no stored chat, those of
-//!    temporary chats (`local:…`) and channels (`channel:…`), count as absent. No mark is sent.
+//!    temporary chats (`temporary:…` since Open WebUI 0.12, `local:…` before) and channels
+//!    (`channel:…`), count as absent. No mark is sent.
 //! 2. An assistant message (any, in order: the first whole mark wins) holds a mark: kind
 //!    `nonce`, then the nonce it holds as 16 lowercase hex digits. The answer carries the mark
 //!    again (below).
@@ -212,6 +228,12 @@
 //! for 15 s (whatever the turn did meanwhile) sends the SSE comment `: keep-alive` (clients
 //! ignore comments), so that proxies do not cut a long turn.
 //!
+//! # Request log
+//! Every request gets one `info` line under the `tracing` target [`REQUEST_LOG_TARGET`] (which
+//! `peregrine serve` logs at its default level) once its response's head is ready: `method`,
+//! `path` (never the query string), `status`, `duration_ms` (for a stream, the time to its
+//! head), and for a chat completion turn its `thread`. No header, key or body is logged.
+//!
 //! # Cancellation
 //! On `/v1/chat/completions`, a client that disconnects (or drops a non-stream request) cancels
 //! the turn; its last checkpoint stays and the next message continues the conversation (an
@@ -225,6 +247,7 @@ mod error;
 mod native;
 mod progress;
 mod request;
+mod request_log;
 mod runs;
 mod ui;
 
@@ -241,6 +264,7 @@ use tokio_util::task::TaskTracker;
 
 pub use error::ApiError;
 pub use request::{CHAT_ID_HEADER, DEFAULT_USER, INTERFACE, SESSION_ID_HEADER, USER_ID_HEADER};
+pub use request_log::REQUEST_LOG_TARGET;
 
 /// The default limit on a request body: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -354,6 +378,7 @@ impl Server {
             .method_not_allowed_fallback(chat::method_not_allowed)
             // The handlers read bodies themselves, with their own limit and a JSON 413.
             .layer(DefaultBodyLimit::disable())
+            .layer(axum::middleware::from_fn(request_log::log_request))
             .with_state(Arc::clone(&self.state))
     }
 

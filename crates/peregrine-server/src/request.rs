@@ -21,8 +21,8 @@ pub const USER_ID_HEADER: &str = "x-openwebui-user-id";
 pub const INTERFACE: &str = "openwebui";
 /// The user id when the request names none.
 pub const DEFAULT_USER: &str = "api";
-/// How the prompts of Open WebUI's background tasks (title, tags, follow-ups, search queries,
-/// autocompletion, image prompts) begin.
+/// How the prompts of most of Open WebUI's background tasks (title, tags, follow-ups, search
+/// queries, autocompletion, image prompts) begin.
 pub(crate) const TASK_PROMPT_PREFIX: &str = "### Task:";
 /// Open WebUI's background task names (its `TASKS`, as `metadata.task` holds them), but
 /// `function_calling`, whose prompt is a conversation's.
@@ -36,9 +36,29 @@ pub(crate) const TASK_NAMES: [&str; 8] = [
     "image_prompt_generation",
     "moa_response_generation",
 ];
-/// The prefixes of Open WebUI's chat ids that name no stored chat (temporary chats, channels):
-/// such an id counts as absent.
-const UNSTORED_CHAT_PREFIXES: [&str; 2] = ["local:", "channel:"];
+/// The prefixes of Open WebUI's chat ids that name no stored chat (its `NON_SAVED_CHAT_ID_PREFIXES`:
+/// temporary chats, `temporary:<socket id>` since 0.12 and `local:<socket id>` before, and
+/// channels): such an id counts as absent.
+const UNSTORED_CHAT_PREFIXES: [&str; 3] = ["temporary:", "local:", "channel:"];
+/// Open WebUI's emoji template (`DEFAULT_EMOJI_GENERATION_PROMPT_TEMPLATE`, asked in voice mode)
+/// before its `{{prompt}}`; the prompt is followed by [`EMOJI_TEMPLATE_END`] and nothing else.
+const EMOJI_TEMPLATE_START: &str = "Your task is to reflect the speaker's likely facial expression through a fitting emoji. \
+    Interpret emotions from the message and reflect their facial expression using fitting, diverse emojis (e.g., 😊, 😢, 😡, 😱).\n\n\
+    Message: ```";
+/// What ends Open WebUI's emoji prompt, after the message.
+const EMOJI_TEMPLATE_END: &str = "```";
+/// Open WebUI's mixture-of-agents template (`DEFAULT_MOA_GENERATION_PROMPT_TEMPLATE`) before
+/// its `{{prompt}}`.
+const MOA_TEMPLATE_START: &str = "You have been provided with a set of responses from various models to the latest user query: \"";
+/// The MoA template between `{{prompt}}` and the space before `{{responses}}` (the models'
+/// answers, each in triple quotes, separated by blank lines).
+const MOA_TEMPLATE_INSTRUCTIONS: &str = "\"\n\nYour task is to synthesize these responses into a single, high-quality response. \
+    It is crucial to critically evaluate the information provided in these responses, recognizing that some of it may be biased \
+    or incorrect. Your response should not simply replicate the given answers but should offer a refined, accurate, and \
+    comprehensive reply to the instruction. Ensure your response is well-structured, coherent, and adheres to the highest \
+    standards of accuracy and reliability.\n\nResponses from models:";
+/// How Open WebUI quotes each model's answer in a MoA prompt.
+const MOA_RESPONSE_QUOTES: &str = "\"\"\"";
 
 /// The part of a `POST /v1/chat/completions` body the server uses.
 #[derive(Debug, Clone, Deserialize)]
@@ -163,11 +183,9 @@ impl ChatRequest {
 
     /// The background task of Open WebUI this request is, if it is one: a request whose
     /// `metadata.task` is one of [`TASK_NAMES`] (a client that passes Open WebUI's metadata on),
-    /// or whose only message but system / developer ones is a user message that begins with
-    /// [`TASK_PROMPT_PREFIX`] and holds a `<chat_history>` … `</chat_history>` block (every task
-    /// template of Open WebUI has one; its RAG template, a question about files, knowledge or a
-    /// web search, has none). Its prompt is that message (for `metadata.task`, the last user
-    /// message); nothing else is forwarded.
+    /// or whose only message but system / developer ones is a user message built from one of
+    /// Open WebUI's task templates (see [`task_template`]). Its prompt is that message (for
+    /// `metadata.task`, the last user message); nothing else is forwarded.
     pub(crate) fn background_task(&self) -> Option<BackgroundTask> {
         let named = non_empty(self.metadata.as_ref().and_then(|metadata| metadata.get("task")).and_then(Value::as_str));
         if let Some(task) = named.filter(|task| TASK_NAMES.contains(task)) {
@@ -177,8 +195,8 @@ impl ChatRequest {
         let mut others = self.messages.iter().filter(|message| !is_instruction(&message.role));
         let (Some(only), None) = (others.next(), others.next()) else { return None };
         let prompt = only.text().filter(|_| only.role == "user")?;
-        (prompt.trim_start().starts_with(TASK_PROMPT_PREFIX) && holds_chat_history(&prompt))
-            .then(|| BackgroundTask { name: "task prompt".to_owned(), prompt })
+        let name = task_template(&prompt)?;
+        Some(BackgroundTask { name: name.to_owned(), prompt })
     }
 
     /// The turn's input: the last user message, after which only system and developer messages
@@ -262,6 +280,51 @@ fn is_instruction(role: &str) -> bool {
     matches!(role, "system" | "developer")
 }
 
+/// The task whose Open WebUI template `prompt` was built from, if it was built from one (leading
+/// and trailing whitespace aside): `task prompt` for one that begins with [`TASK_PROMPT_PREFIX`]
+/// and holds a `<chat_history>` … `</chat_history>` block (titles, tags, follow-ups, search
+/// queries, autocompletion, image prompts; Open WebUI's RAG template, a question about files,
+/// knowledge or a web search, has no history), `emoji_generation` for the emoji template and
+/// `moa_response_generation` for the mixture-of-agents template. Each of the last two must be
+/// the template's whole fixed text around its placeholders, so a user's message that merely
+/// quotes or resembles one is not mistaken for it.
+fn task_template(prompt: &str) -> Option<&'static str> {
+    let text = prompt.trim();
+    if text.starts_with(TASK_PROMPT_PREFIX) && holds_chat_history(text) {
+        Some("task prompt")
+    } else if is_emoji_prompt(text) {
+        Some("emoji_generation")
+    } else if is_moa_prompt(text) {
+        Some("moa_response_generation")
+    } else {
+        None
+    }
+}
+
+/// Whether `text` is Open WebUI's emoji template around a message: [`EMOJI_TEMPLATE_START`], the
+/// message, [`EMOJI_TEMPLATE_END`].
+fn is_emoji_prompt(text: &str) -> bool {
+    text.strip_prefix(EMOJI_TEMPLATE_START).is_some_and(|message| message.ends_with(EMOJI_TEMPLATE_END))
+}
+
+/// Whether `text` is Open WebUI's MoA template around a query and the models' responses:
+/// [`MOA_TEMPLATE_START`], the query, [`MOA_TEMPLATE_INSTRUCTIONS`], then nothing (`text` is
+/// trimmed, and so is the space before an empty `{{responses}}`) or a space and the responses,
+/// which begin and end with [`MOA_RESPONSE_QUOTES`]. The query may itself hold the instructions'
+/// text, so every place they occur is tried.
+fn is_moa_prompt(text: &str) -> bool {
+    let Some(rest) = text.strip_prefix(MOA_TEMPLATE_START) else { return false };
+    rest.match_indices(MOA_TEMPLATE_INSTRUCTIONS).any(|(at, instructions)| {
+        let after = &rest[at + instructions.len()..];
+        after.is_empty()
+            || after.strip_prefix(' ').is_some_and(|responses| {
+                responses.len() >= 2 * MOA_RESPONSE_QUOTES.len()
+                    && responses.starts_with(MOA_RESPONSE_QUOTES)
+                    && responses.ends_with(MOA_RESPONSE_QUOTES)
+            })
+    })
+}
+
 /// Whether `text` holds a chat history as Open WebUI's task templates put it: `<chat_history>`,
 /// then `</chat_history>`.
 fn holds_chat_history(text: &str) -> bool {
@@ -284,7 +347,7 @@ fn forces_a_tool(choice: &Value) -> bool {
 /// One of Open WebUI's background tasks: answered by one LLM call with its prompt alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BackgroundTask {
-    /// `metadata.task` (one of [`TASK_NAMES`]), or `task prompt`.
+    /// `metadata.task` (one of [`TASK_NAMES`]), or what [`task_template`] found.
     pub name: String,
     /// The user message forwarded to the model.
     pub prompt: String,
@@ -587,6 +650,79 @@ mod tests {
         }
     }
 
+    /// Open WebUI's `DEFAULT_EMOJI_GENERATION_PROMPT_TEMPLATE` (voice mode), as its source has it.
+    const OPEN_WEBUI_EMOJI_TEMPLATE: &str = "Your task is to reflect the speaker's likely facial expression through a fitting emoji. \
+        Interpret emotions from the message and reflect their facial expression using fitting, diverse emojis (e.g., 😊, 😢, 😡, 😱).\n\n\
+        Message: ```{{prompt}}```";
+    /// Open WebUI's `DEFAULT_MOA_GENERATION_PROMPT_TEMPLATE`, as its source has it.
+    const OPEN_WEBUI_MOA_TEMPLATE: &str = "You have been provided with a set of responses from various models to the latest user query: \
+        \"{{prompt}}\"\n\nYour task is to synthesize these responses into a single, high-quality response. It is crucial to \
+        critically evaluate the information provided in these responses, recognizing that some of it may be biased or incorrect. \
+        Your response should not simply replicate the given answers but should offer a refined, accurate, and comprehensive \
+        reply to the instruction. Ensure your response is well-structured, coherent, and adheres to the highest standards of \
+        accuracy and reliability.\n\nResponses from models: {{responses}}";
+
+    /// The emoji prompt Open WebUI builds for `message`.
+    fn emoji_prompt(message: &str) -> String {
+        OPEN_WEBUI_EMOJI_TEMPLATE.replace("{{prompt}}", message)
+    }
+
+    /// The MoA prompt Open WebUI builds for `query` and the models' `responses`: each in triple
+    /// quotes, joined by blank lines.
+    fn moa_prompt(query: &str, responses: &[&str]) -> String {
+        let responses: Vec<String> = responses.iter().map(|response| format!("\"\"\"{response}\"\"\"")).collect();
+        OPEN_WEBUI_MOA_TEMPLATE.replace("{{prompt}}", query).replace("{{responses}}", &responses.join("\n\n"))
+    }
+
+    #[test]
+    fn open_webui_emoji_and_moa_prompts_are_background_tasks_and_near_misses_are_turns() {
+        let emoji = emoji_prompt("I can't believe it, we won!");
+        let tricky_emoji = emoji_prompt("a ```code``` block\nand a second line");
+        let moa = moa_prompt("What's the weather in Prague?", &["It is 12 °C.", "Partly cloudy,\n12 °C \"\"\"quoted\"\"\"."]);
+        let moa_of_none = moa_prompt("hi", &[]);
+        // A query that quotes the template's instructions: they come twice.
+        let (_, after_query) = OPEN_WEBUI_MOA_TEMPLATE.split_once("{{prompt}}").unwrap();
+        let (instructions, _) = after_query.split_once("{{responses}}").unwrap();
+        let moa_quoting_itself = moa_prompt(&format!("Explain: {instructions}"), &["ok"]);
+        let system = json!({"role": "system", "content": "You are Peregrine."});
+        let named = |name: &str, prompt: &str| Some((name.to_owned(), prompt.to_owned()));
+        let emoji_task = |prompt: &str| named("emoji_generation", prompt);
+        let moa_task = |prompt: &str| named("moa_response_generation", prompt);
+        let (emoji_intro, _) = OPEN_WEBUI_EMOJI_TEMPLATE.split_once("Message:").unwrap();
+        let (moa_intro, _) = OPEN_WEBUI_MOA_TEMPLATE.split_once("Responses from models:").unwrap();
+        let cases = [
+            (json!({"messages": [user(&emoji)]}), emoji_task(&emoji)),
+            (json!({"messages": [user(&tricky_emoji)]}), emoji_task(&tricky_emoji)),
+            (json!({"messages": [system, user(&emoji)]}), emoji_task(&emoji)),
+            (json!({"messages": [user(&format!("\n{emoji}\n"))]}), emoji_task(&format!("\n{emoji}\n"))),
+            (json!({"messages": [user(&moa)]}), moa_task(&moa)),
+            (json!({"messages": [user(&moa_of_none)]}), moa_task(&moa_of_none)),
+            (json!({"messages": [user(&moa_quoting_itself)]}), moa_task(&moa_quoting_itself)),
+            (json!({"messages": [system, user(&moa)]}), moa_task(&moa)),
+            // Near misses are the user's own messages: turns.
+            (json!({"messages": [user(emoji_intro)]}), None),
+            (json!({"messages": [user(&emoji.replace("fitting, diverse emojis", "fitting emojis"))]}), None),
+            (json!({"messages": [user(emoji.trim_end_matches('`'))]}), None),
+            (json!({"messages": [user(&format!("{emoji} Also, what's the weather?"))]}), None),
+            (json!({"messages": [user(&format!("Why do you ask: {emoji}"))]}), None),
+            (json!({"messages": [user("Your task is to reflect the speaker's likely facial expression through a fitting emoji.")]}), None),
+            (json!({"messages": [user("hi"), assistant("hello"), user(&emoji)]}), None),
+            (json!({"messages": [user(&emoji), user(&emoji)]}), None),
+            (json!({"messages": [assistant(&emoji)]}), None),
+            (json!({"messages": [user(moa_intro)]}), None),
+            (json!({"messages": [user(&moa.replace("Responses from models: \"\"\"", "Responses from models: "))]}), None),
+            (json!({"messages": [user(&format!("{moa} What do you think?"))]}), None),
+            (json!({"messages": [user(&format!("Look at this: {moa}"))]}), None),
+            (json!({"messages": [user(&moa.replace("single, high-quality response", "single response"))]}), None),
+            (json!({"messages": [user("hi"), assistant("hello"), user(&moa)]}), None),
+        ];
+        for (mut body, expected) in cases {
+            body["model"] = json!("m");
+            let found = request(body.clone()).background_task().map(|task| (task.name, task.prompt));
+            assert_eq!(found, expected, "{body}");
+        }
+    }
+
     #[test]
     fn a_new_conversation_gets_a_nonce_that_its_first_answer_carries() {
         let none = HeaderMap::new();
@@ -745,8 +881,9 @@ mod tests {
         assert_eq!(owner.identity, Identity::ChatId);
         assert_ne!(owner.thread_id, clone.thread_id, "a shared chat's other user does not reach the owner's thread");
 
-        // Temporary chats and channels have no stored chat: their ids count as absent.
-        for unstored in ["local:abc", "channel:xyz"] {
+        // Temporary chats (`temporary:` since Open WebUI 0.12, `local:` before) and channels have
+        // no stored chat: their ids count as absent.
+        for unstored in ["temporary:abc", "local:abc", "channel:xyz"] {
             let temporary = conversation(json!([user("hello")]), anonymous, &with_header(CHAT_ID_HEADER, unstored));
             assert_eq!(temporary.identity, Identity::New, "{unstored}");
             assert!(temporary.mark.is_some());

@@ -620,6 +620,38 @@ async fn open_webui_background_tasks_are_one_llm_call_on_no_thread() {
     assert!(served.threads().await.is_empty(), "no thread was read or written");
 }
 
+/// Open WebUI's emoji prompt (voice mode) and mixture-of-agents prompt carry no `### Task:` and
+/// no metadata once they reach a connection: they are recognised by their templates' text.
+#[tokio::test]
+async fn open_webui_emoji_and_moa_prompts_are_one_llm_call_on_no_thread() {
+    let script = Script::new()
+        .on_prompt_containing("fitting emoji", Reply::text("🎉").with_usage(60, 1))
+        .on_prompt_containing("Responses from models:", Reply::text("12 °C and partly cloudy.").with_usage(200, 8));
+    let served = serve(with_weather_replies(script), options()).await;
+    let emoji = "Your task is to reflect the speaker's likely facial expression through a fitting emoji. Interpret emotions from \
+                 the message and reflect their facial expression using fitting, diverse emojis (e.g., 😊, 😢, 😡, 😱).\n\n\
+                 Message: ```We won the match!```";
+    let moa = format!(
+        "You have been provided with a set of responses from various models to the latest user query: \"{QUESTION}\"\n\nYour \
+         task is to synthesize these responses into a single, high-quality response. It is crucial to critically evaluate the \
+         information provided in these responses, recognizing that some of it may be biased or incorrect. Your response should \
+         not simply replicate the given answers but should offer a refined, accurate, and comprehensive reply to the \
+         instruction. Ensure your response is well-structured, coherent, and adheres to the highest standards of accuracy and \
+         reliability.\n\nResponses from models: \"\"\"It is 12 °C.\"\"\"\n\n\"\"\"Partly cloudy.\"\"\""
+    );
+    for (prompt, answer) in [(emoji, "🎉"), (moa.as_str(), "12 °C and partly cloudy.")] {
+        let body = json!({"model": MODEL, "messages": [user(prompt)]});
+        let response = served.post(&body).header(CHAT_ID_HEADER, "chat-1").header(USER_ID_HEADER, "u1").send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        assert_eq!(content(&response.json().await.unwrap()), answer);
+    }
+    let requests = served.llm.chat_requests();
+    assert_eq!(requests.len(), 2, "one LLM call each, no agent turn: {requests:?}");
+    assert_eq!(requests[0].messages(), vec![("user".to_owned(), emoji.to_owned())]);
+    assert_eq!(requests[1].messages(), vec![("user".to_owned(), moa)]);
+    assert!(served.threads().await.is_empty(), "no thread was read or written");
+}
+
 #[tokio::test]
 async fn a_question_with_retrieved_context_is_a_turn_and_a_task_prompt_with_a_history_too() {
     let served = serve(weather_script(), options()).await;
@@ -767,4 +799,75 @@ async fn a_model_is_retrieved_by_id_and_wrong_methods_get_405() {
         assert!(error["error"]["message"].as_str().unwrap().contains(path), "{error}");
     }
     assert_eq!(served.llm.chat_requests().len(), 0);
+}
+
+/// What a `tracing` subscriber writes, kept for the test to read.
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl CapturedLog {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// `serve --log-file` at its default level showed nothing: every request gets one line (method,
+/// path, status, duration; a turn's thread), and no key, body or query string is ever written.
+#[tokio::test]
+async fn every_request_is_logged_once_without_its_key_body_or_query() {
+    const KEY: &str = "sk-logged-never-4711";
+    let log = CapturedLog::default();
+    // This test's runtime has one thread, which runs the server too: the subscriber sees its events.
+    let subscriber = tracing_subscriber::fmt().with_writer(log.clone()).with_ansi(false).with_max_level(tracing::Level::INFO).finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let served = serve(weather_script(), ServerOptions { api_keys: vec![Secret::new(KEY)], ..options() }).await;
+
+    let models = served.client.get(format!("{}/models?secret_query=hidden-value", served.url)).bearer_auth(KEY).send().await.unwrap();
+    assert_eq!(models.status().as_u16(), 200);
+    let refused = served.client.get(format!("{}/models", served.url)).bearer_auth("sk-wrong-0815").send().await.unwrap();
+    assert_eq!(refused.status().as_u16(), 401);
+    let (status, body) = served.chat_as(Some(KEY), json!([user("What's the weather in Prague? my-body-text")])).await;
+    assert_eq!(status, 200, "{body}");
+    let missing = served.client.get(format!("{}/nowhere", served.url)).bearer_auth(KEY).send().await.unwrap();
+    assert_eq!(missing.status().as_u16(), 404);
+
+    let threads = served.threads().await;
+    assert_eq!(threads.len(), 1, "{threads:?}");
+    let text = log.text();
+    let lines: Vec<&str> = text.lines().filter(|line| line.contains(peregrine_server::REQUEST_LOG_TARGET)).collect();
+    assert_eq!(lines.len(), 4, "one line per request:\n{text}");
+    let expected = [
+        ("method=GET path=/v1/models status=200 duration_ms=", None),
+        ("method=GET path=/v1/models status=401 duration_ms=", None),
+        ("method=POST path=/v1/chat/completions status=200 duration_ms=", Some(&threads[0])),
+        ("method=GET path=/v1/nowhere status=404 duration_ms=", None),
+    ];
+    for (line, (fields, thread)) in lines.iter().zip(expected) {
+        assert!(line.contains(" INFO ") && line.contains(fields), "{line}");
+        assert_eq!(thread.is_some_and(|thread| line.contains(&format!("thread={thread}"))), thread.is_some(), "{line}");
+        assert!(thread.is_some() || !line.contains("thread="), "{line}");
+    }
+    for secret in [KEY, "sk-wrong-0815", "Bearer", "secret_query", "hidden-value"] {
+        assert!(!text.contains(secret), "{secret:?} was logged:\n{text}");
+    }
+    assert!(lines.iter().all(|line| !line.contains("my-body-text") && !line.contains("Prague")), "no body in the request log");
 }
