@@ -19,7 +19,8 @@
 //! `response_format` (see Requests), 413 `request_too_large` for a body over [`ServerOptions::max_body_bytes`],
 //! 409 `thread_busy` while a turn of the thread runs (in this process or, with PostgreSQL, in
 //! another), 409 `no_pending_approval` / `stale_approval` / `approval_pending` /
-//! `unfinished_run` / `nothing_to_continue` / `run_finished` / `thread_exists`, 400 when the agent's gateway refuses the message, 500 `server_error` when
+//! `unfinished_run` / `nothing_to_continue` (also a chat completion that asks to continue an
+//! answer with no cut-off turn behind it: see Requests) / `run_finished` / `thread_exists`, 400 when the agent's gateway refuses the message, 500 `server_error` when
 //! the run fails. Every message passes through [`ServerOptions::redact`] first, and so does the
 //! report of a turn that ended in the error node (it may quote a provider's or the store's error).
 //!
@@ -101,12 +102,33 @@
 //! output). `user` counts only as a non-empty string; an object or a number is ignored. A
 //! message's text is its string content or its `text` parts joined by newlines. The turn's input
 //! is the last user message; only `system` and `developer` messages may follow it (ignored, like
-//! every system and developer message: the agent has its own prompts); a trailing `assistant` or
-//! `tool` message is a 400 with `param: "messages"`. A 500 of a turn and a 409 `thread_busy`
-//! answer carry the header `x-should-retry: false`, which the official `openai` clients obey: a
-//! failed turn may have written checkpoints, and a busy thread's turn still runs, so sending the
-//! same turn again on their own would run it twice (a background task's 500 changed nothing and
-//! does not carry it).
+//! every system and developer message: the agent has its own prompts); a trailing `tool` message
+//! is a 400 with `param: "messages"`.
+//!
+//! A history whose last message (but `system` and `developer` ones) is the assistant's answer asks
+//! to **continue** that answer: Open WebUI's "Continue Response" sends it, after the Stop button
+//! or a dropped connection cut the answer off. The conversation is found as usual (see
+//! Conversation identity: the mark of the answers, the trailing one included, or the chat or
+//! session id). When its thread holds a cut-off turn (the same test as the native API's
+//! `resumable`: a run stopped in its middle, by a client that went away, a shutdown or a crash,
+//! that no process holds now; or an approval answered whose action was cut off), that turn is
+//! finished from its last checkpoint, without repeating its finished steps (the step that was
+//! running runs again from its start), and its answer is the response, streamed or not, as for a
+//! message. That answer carries no mark (the client adds it to the answer it continues); when the
+//! answer being continued shows text (anything but invisible characters, whitespace and a
+//! `<details type="reasoning">` block), it opens with `_(the answer was cut off)_` between blank
+//! lines, since the new answer is whole and does not carry on mid-sentence. Anything else is a
+//! 409 `nothing_to_continue` whose message says why (no thread for this history on this server,
+//! the last turn finished, or it asks for an approval that is still pending) and what to do
+//! instead (send a message; answer the approval); 409 because the request is well formed but the
+//! conversation's state has nothing to continue, as the native API's `{"continue": true}`
+//! answers. A run of another process holding the thread is a 409 `thread_busy`.
+//!
+//! A 500 of a turn and every 409 answer carry the header `x-should-retry: false`, which the
+//! official `openai` clients obey: a failed turn may have written checkpoints, and a busy
+//! thread's turn still runs, so sending the same turn again on their own would run it twice, and
+//! a continuation with nothing to continue is refused again (a background task's 500 changed
+//! nothing and does not carry it).
 //!
 //! # Background tasks
 //! Open WebUI asks the chat's model for titles, tags, follow-up suggestions, search queries,
@@ -180,8 +202,8 @@
 //! The mark is the nonce, invisible: U+2060 WORD JOINER, then the 64 bits, most significant
 //! first, as U+200B (0) and U+200C (1) (whitespace between them is skipped when it is read).
 //! Every answer of a conversation of rules 2 and 3 begins with it, followed by a blank line: a
-//! stream's first content chunk, right after the role chunk and before anything else (status
-//! lines, the answer); a non-stream answer's first characters. It is an invisible first
+//! stream's first content chunk, right after the role chunk and before anything else (progress,
+//! the answer); a non-stream answer's first characters. It is an invisible first
 //! paragraph, so the answer's markdown (a heading, a list, a table) begins a block of its own, and
 //! an answer stopped at any moment holds it. Clients keep it in the text they resend (trimming
 //! keeps it: it is not whitespace), so every later request of the conversation finds the first
@@ -209,12 +231,31 @@
 //! digits of the key's digest>:` on a server with keys; its interface is `openwebui`.
 //!
 //! # Streaming
-//! Every chunk has the same `id` and `created`; the first delta is `{"role":"assistant"}`. With
-//! [`ServerOptions::status_lines`], progress goes **into the content** as lines such as
-//! `> planning…` or `> step 1/2 current_weather…` (after the conversation's mark and its blank
-//! line, when it has one: see Conversation identity), followed by a blank line before the answer,
-//! so that Open WebUI (which shows only content) shows what the agent is doing. Then come the
-//! answer tokens; a turn that streamed no tokens (an error report, an approval prompt, a reply)
+//! Every chunk has the same `id` and `created`; the first delta is `{"role":"assistant"}`.
+//! [`ServerOptions::status_lines`] ([`StatusLines`], `server.status_lines` in `config.yml`) says
+//! how the agent's progress (`planning…`, `step 1/2 current_weather…`, a line each while no answer
+//! is under way) is shown:
+//! - `reasoning` (the default): as `{"reasoning_content": "planning…\n"}` deltas, each chunk
+//!   holding either content or reasoning. Open WebUI (0.12) shows them live in a collapsible
+//!   reasoning block and keeps them out of the answer: it stores them as a reasoning item of the
+//!   message, apart from its text, and does not resend them with the history (its
+//!   `convert_output_to_messages` leaves reasoning out for an OpenAI connection; earlier versions
+//!   stored a `<details type="reasoning">` block and removed it before resending), nor quote them
+//!   in title and tag prompts or copy them. The content is only the conversation's mark with its
+//!   blank line, then the answer. The mark comes first so that an answer stopped at any moment
+//!   holds it; Open WebUI then draws the block as already finished ("Thought for 0 seconds")
+//!   while it fills, where a stream without a mark (a chat or session id: see Conversation
+//!   identity) shows it as "Thinking…" until the answer begins. Clients that do not know the
+//!   field (the official `openai` clients keep it as an extra attribute of the delta) show the
+//!   answer alone.
+//! - `content`: as lines of the content, `> planning…`, after the mark and its blank line, then a
+//!   blank line before the answer. Every client shows them, and as part of the answer: Open WebUI
+//!   resends them with every later request, quotes them in its title and tag prompts and copies
+//!   them with the answer, and after Stop they may be all that remains.
+//! - `off`: nothing but the answer.
+//!
+//! `true` and `false`, the booleans of earlier versions, read as `reasoning` and `off`. Then come
+//! the answer tokens; a turn that streamed no tokens (an error report, an approval prompt, a reply)
 //! sends its text as one piece. When the answer's stream breaks and its call is made again, what
 //! was shown stays, followed by `_(the answer was cut off)_` on a line of its own and the answer
 //! of the new call (which is not sent again at the end); when the call is made again without a
@@ -238,11 +279,12 @@
 //! On `/v1/chat/completions`, a client that disconnects (or drops a non-stream request) cancels
 //! the turn; its last checkpoint stays and the next message continues the conversation (an
 //! answer stopped at any moment holds its conversation's mark, which comes first: see
-//! Conversation identity). Native runs are cancelled
-//! only by `POST …/cancel`.
+//! Conversation identity), or a request to continue the answer finishes the cut-off turn (see
+//! Requests). Native runs are cancelled only by `POST …/cancel`.
 
 mod auth;
 mod chat;
+mod continuation;
 mod error;
 mod native;
 mod progress;
@@ -263,6 +305,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use error::ApiError;
+pub use progress::StatusLines;
 pub use request::{CHAT_ID_HEADER, DEFAULT_USER, INTERFACE, SESSION_ID_HEADER, USER_ID_HEADER};
 pub use request_log::REQUEST_LOG_TARGET;
 
@@ -285,8 +328,8 @@ pub struct ServerOptions {
     pub api_keys: Vec<Secret>,
     /// The largest request body accepted (larger ones get 413).
     pub max_body_bytes: usize,
-    /// Whether a stream carries progress lines in its content before the answer.
-    pub status_lines: bool,
+    /// How a stream shows the agent's progress before the answer (see Streaming).
+    pub status_lines: StatusLines,
     /// Applied to every error text before it is answered or logged.
     pub redact: Redact,
     /// Where an approved plan's pending plan files live (`<agent_data_dir>`), so that deleting a
@@ -307,13 +350,14 @@ impl std::fmt::Debug for ServerOptions {
 }
 
 impl ServerOptions {
-    /// Options serving `model_id` without keys, with a 1 MiB body limit and status lines.
+    /// Options serving `model_id` without keys, with a 1 MiB body limit and progress shown as
+    /// reasoning.
     pub fn new(model_id: impl Into<String>) -> Self {
         Self {
             model_id: model_id.into(),
             api_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            status_lines: true,
+            status_lines: StatusLines::default(),
             redact: Arc::new(str::to_owned),
             agent_data_dir: None,
         }

@@ -199,9 +199,10 @@ impl ChatRequest {
         Some(BackgroundTask { name: name.to_owned(), prompt })
     }
 
-    /// The turn's input: the last user message, after which only system and developer messages
-    /// may come.
-    fn input(&self) -> Result<String, ApiError> {
+    /// What the request asks of its conversation: the last message but system and developer
+    /// ones is the user's new message, or the assistant's answer to continue (Open WebUI's
+    /// "Continue Response" resends the history up to the answer, which may have been cut off).
+    fn input(&self) -> Result<TurnInput, ApiError> {
         let Some(last) = self.messages.iter().rev().find(|message| !is_instruction(&message.role)) else {
             return Err(ApiError::invalid_messages(if self.messages.is_empty() {
                 "'messages' is empty; send at least one user message."
@@ -209,14 +210,22 @@ impl ChatRequest {
                 "'messages' has only system or developer messages; add the user's message (role 'user')."
             }));
         };
-        if last.role != "user" {
-            let role: String = last.role.chars().take(40).collect();
-            return Err(ApiError::invalid_messages(format!(
-                "The last message has role '{role}'; the last message must be the user's (role 'user') new message, followed by \
-                 nothing but system or developer messages."
-            )));
+        match last.role.as_str() {
+            "user" => last
+                .text()
+                .map(TurnInput::Message)
+                .ok_or_else(|| ApiError::invalid_messages("The last user message has no text; send a string or text content parts.")),
+            "assistant" => Ok(TurnInput::Continue {
+                shown: last.text().is_some_and(|text| !normalize_answer(&without_reasoning_blocks(&text)).is_empty()),
+            }),
+            role => {
+                let role: String = role.chars().take(40).collect();
+                Err(ApiError::invalid_messages(format!(
+                    "The last message has role '{role}'; the last message must be the user's (role 'user') new message, or the \
+                     assistant's answer to continue it, followed by nothing but system or developer messages."
+                )))
+            }
         }
-        last.text().ok_or_else(|| ApiError::invalid_messages("The last user message has no text; send a string or text content parts."))
     }
 
     /// The index of the first user message with text (the anchor of a conversation).
@@ -273,6 +282,21 @@ impl ChatRequest {
         };
         Ok(Conversation { thread_id, identity, mark, input, session: Session::new(user_id, INTERFACE) })
     }
+}
+
+/// `text` without the reasoning blocks Open WebUI renders (`<details type="reasoning" …>` …
+/// `</details>`; a block left open runs to the end): what of an answer is its text.
+fn without_reasoning_blocks(text: &str) -> String {
+    const OPEN: &str = "<details type=\"reasoning\"";
+    const CLOSE: &str = "</details>";
+    let mut kept = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(OPEN) {
+        kept.push_str(&rest[..start]);
+        rest = rest[start..].find(CLOSE).map_or("", |end| &rest[start + end + CLOSE.len()..]);
+    }
+    kept.push_str(rest);
+    kept
 }
 
 /// Whether messages of `role` only instruct the model (the agent has its own prompts).
@@ -353,6 +377,19 @@ pub(crate) struct BackgroundTask {
     pub prompt: String,
 }
 
+/// What a request asks of its conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TurnInput {
+    /// A new turn: the last user message.
+    Message(String),
+    /// Finish the conversation's cut-off turn: the history ends with the assistant's answer.
+    Continue {
+        /// Whether the answer being continued shows any text (not only invisible characters and
+        /// whitespace, such as a bare mark).
+        shown: bool,
+    },
+}
+
 /// Which agent thread a request continues, what it says, and who says it.
 #[derive(Debug, Clone)]
 pub(crate) struct Conversation {
@@ -364,8 +401,8 @@ pub(crate) struct Conversation {
     /// that opens every answer, from which the conversation's later requests derive `thread_id`
     /// again.
     pub mark: Option<String>,
-    /// The last user message: the turn's input.
-    pub input: String,
+    /// The turn's input: the last user message, or a continuation of the cut-off turn.
+    pub input: TurnInput,
     /// The session (user id, interface `openwebui`).
     pub session: Session,
 }
@@ -554,21 +591,30 @@ mod tests {
     }
 
     #[test]
-    fn the_input_is_the_last_user_message_followed_only_by_system_messages() {
+    fn the_input_is_the_last_user_message_or_the_answer_to_continue_followed_only_by_system_messages() {
         let system = json!({"role": "system", "content": "context"});
+        let message = |text: &str| Some(TurnInput::Message(text.to_owned()));
+        let (shown, bare) = (Some(TurnInput::Continue { shown: true }), Some(TurnInput::Continue { shown: false }));
+        let mark = Nonce(9).mark();
+        let details =
+            "<details type=\"reasoning\" done=\"true\" duration=\"1\">\n<summary>Thought for 1 seconds</summary>\n> planning…\n</details>";
         let cases = [
             (json!([]), None),
             (json!([system]), None),
-            (json!([user("hi"), assistant("hello")]), None),
             (json!([user("hi"), {"role": "tool", "content": "42", "tool_call_id": "c"}]), None),
-            (json!([user("hi"), assistant("hello"), system]), None),
             (json!([{"role": "user", "content": null}]), None),
             (json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), None),
-            (json!([system, user("hi")]), Some("hi")),
-            (json!([user("hi"), system]), Some("hi")),
-            (json!([user("hi"), {"role": "developer", "content": "d"}, system]), Some("hi")),
-            (json!([user("hi"), assistant("hello"), user("bye"), system, system]), Some("bye")),
-            (json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]), Some("a\nb")),
+            (json!([system, user("hi")]), message("hi")),
+            (json!([user("hi"), system]), message("hi")),
+            (json!([user("hi"), {"role": "developer", "content": "d"}, system]), message("hi")),
+            (json!([user("hi"), assistant("hello"), user("bye"), system, system]), message("bye")),
+            (json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]), message("a\nb")),
+            // Open WebUI's "Continue Response": the history ends with the answer to continue.
+            (json!([user("hi"), assistant("hello")]), shown.clone()),
+            (json!([user("hi"), assistant("hello"), system]), shown.clone()),
+            (json!([user("hi"), assistant(&format!("{mark}\n\n{details}\nThe weather"))]), shown),
+            (json!([user("hi"), assistant(&format!("{mark}\n\n"))]), bare.clone()),
+            (json!([user("hi"), {"role": "assistant", "content": null}]), bare),
         ];
         for (messages, input) in cases {
             let result = request(json!({"model": "m", "messages": messages})).conversation(&Caller::Anonymous, &HeaderMap::new());
@@ -578,6 +624,28 @@ mod tests {
                 (result, _) => panic!("{messages}: {result:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_reasoning_block_in_an_answer_neither_hides_its_mark_nor_becomes_the_input() {
+        // An answer as a client that keeps Open WebUI's rendered reasoning block resends it:
+        // the mark, the block with the progress, the answer.
+        let none = HeaderMap::new();
+        let mark = Nonce(0x0bad_cafe).mark();
+        let details = "<details type=\"reasoning\" done=\"true\" duration=\"0\">\n<summary>Thought for 0 seconds</summary>\n\
+                       > planning…\n> step 1/2 current_weather…\n</details>";
+        let answer = format!("{mark}\n{details}\nIt is 12 °C in Prague.");
+        let asked = conversation(json!([user("weather?"), assistant(&answer), user("and tomorrow?")]), &Caller::Anonymous, &none);
+        assert_eq!((asked.identity, asked.mark.as_ref()), (Identity::Mark, Some(&mark)));
+        assert_eq!(asked.input, TurnInput::Message("and tomorrow?".to_owned()));
+        let continued = conversation(json!([user("weather?"), assistant(&answer)]), &Caller::Anonymous, &none);
+        assert_eq!((continued.thread_id.as_str(), continued.input), (asked.thread_id.as_str(), TurnInput::Continue { shown: true }));
+        // Stopped while the agent worked: the block alone after the mark.
+        let stopped = conversation(json!([user("weather?"), assistant(&format!("{mark}\n{details}"))]), &Caller::Anonymous, &none);
+        assert_eq!((stopped.thread_id.as_str(), stopped.input), (asked.thread_id.as_str(), TurnInput::Continue { shown: false }));
+        assert_eq!(without_reasoning_blocks(&format!("a{details}b{details}")), "ab");
+        assert_eq!(without_reasoning_blocks("a<details type=\"reasoning\">\n> planning…"), "a", "a block cut off");
+        assert_eq!(without_reasoning_blocks("a <details>b</details>"), "a <details>b</details>", "other blocks are text");
     }
 
     #[test]
@@ -744,7 +812,7 @@ mod tests {
             (first.thread_id.as_str(), Identity::Mark, Some(&mark)),
             "every answer of the conversation carries its mark"
         );
-        assert_eq!(later.input, "weather?");
+        assert_eq!(later.input, TurnInput::Message("weather?".to_owned()));
         let further =
             conversation(json!([user("hi"), assistant(&answer), user("weather?"), assistant("sunny"), user("thanks")]), &anonymous, &none);
         assert_eq!(further.thread_id, first.thread_id, "an answer without the mark changes nothing");

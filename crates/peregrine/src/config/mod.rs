@@ -89,13 +89,14 @@ pub struct ServerConfig {
     pub api_keys: Vec<Secret>,
     /// The largest request body accepted (default 1 MiB).
     pub max_body_bytes: usize,
-    /// Whether streamed answers start with progress lines (default true).
-    pub status_lines: bool,
+    /// How streamed answers show the agent's progress: as reasoning (the default), as content
+    /// lines before the answer, or not at all.
+    pub status_lines: peregrine_server::StatusLines,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { host: "127.0.0.1".to_owned(), port: 8000, api_keys: Vec::new(), max_body_bytes: 1 << 20, status_lines: true }
+        Self { host: "127.0.0.1".to_owned(), port: 8000, api_keys: Vec::new(), max_body_bytes: 1 << 20, status_lines: Default::default() }
     }
 }
 

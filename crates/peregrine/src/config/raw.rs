@@ -193,8 +193,10 @@ pub(crate) struct RawServer {
     pub api_keys: Option<Vec<String>>,
     #[serde(default)]
     pub max_body_bytes: Option<PositiveCount>,
+    /// `reasoning`, `content` or `off`; `true` and `false` (the booleans of earlier versions) read
+    /// as `reasoning` and `off`.
     #[serde(default)]
-    pub status_lines: Option<bool>,
+    pub status_lines: Option<peregrine_server::StatusLines>,
 }
 
 /// `checkpointer.type`.

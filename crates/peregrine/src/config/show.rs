@@ -54,7 +54,7 @@ pub(crate) fn effective(config: &Config) -> Value {
             "port": config.server.port,
             "api_keys": config.server.api_keys.iter().map(|_| "***").collect::<Vec<_>>(),
             "max_body_bytes": config.server.max_body_bytes,
-            "status_lines": config.server.status_lines,
+            "status_lines": config.server.status_lines.as_str(),
         },
         "logging": {
             "level": config.logging.level,
