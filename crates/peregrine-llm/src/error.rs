@@ -44,6 +44,26 @@ pub enum LlmErrorKind {
     Config,
 }
 
+/// What happened, in words (error reports show it to people, who need no Rust type names).
+impl std::fmt::Display for LlmErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Connect => f.write_str("the model provider could not be reached"),
+            Self::Timeout => f.write_str("the model provider did not answer in time"),
+            Self::RateLimited => f.write_str("the model provider refused the request: too many requests (HTTP 429)"),
+            Self::Server { status } => write!(f, "the model provider failed with a server error (HTTP {status})"),
+            Self::Auth { status } => write!(f, "the model provider refused the credentials (HTTP {status})"),
+            Self::InvalidModel => f.write_str("the model provider does not know the model"),
+            Self::ContextLength => f.write_str("the prompt is longer than the model's context window"),
+            Self::StreamCut => f.write_str("the model's streamed answer broke off before it was complete"),
+            Self::InvalidOutput => f.write_str("the model's answer was not in the expected format"),
+            Self::BadRequest { status } => write!(f, "the model provider refused the request as invalid (HTTP {status})"),
+            Self::Protocol => f.write_str("the model provider answered with something that is not its API's format"),
+            Self::Config => f.write_str("the model configuration is missing or wrong"),
+        }
+    }
+}
+
 /// The recovery an [`LlmError`] calls for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultClass {
@@ -146,7 +166,7 @@ impl LlmError {
             FaultClass::Critical => ErrorSeverity::Critical,
         };
         let mut classification =
-            ErrorClassification::new(severity, self.to_string()).with_metadata("technical_details", format!("{:?}", self.kind));
+            ErrorClassification::new(severity, self.to_string()).with_metadata("technical_details", self.kind.to_string());
         if self.class() == FaultClass::ContextOverflow {
             classification = classification.with_metadata("replanning_reason", "the prompt exceeded the model's context window");
         }
@@ -191,5 +211,19 @@ mod tests {
             "LLM role 'orchestrator' via cborg model 'gpt-4o': the API key was refused; set api.providers.cborg.api_key"
         );
         assert_eq!(error.classification().severity, ErrorSeverity::Critical);
+    }
+
+    #[test]
+    fn the_technical_details_say_what_happened_in_words() {
+        let table = [
+            (LlmErrorKind::Server { status: 500 }, "the model provider failed with a server error (HTTP 500)"),
+            (LlmErrorKind::Auth { status: 401 }, "the model provider refused the credentials (HTTP 401)"),
+            (LlmErrorKind::RateLimited, "the model provider refused the request: too many requests (HTTP 429)"),
+            (LlmErrorKind::Timeout, "the model provider did not answer in time"),
+        ];
+        for (kind, words) in table {
+            let classification = LlmError::new(kind.clone(), "vllm", "qwen", "x").classification();
+            assert_eq!(classification.metadata.get("technical_details"), Some(&serde_json::json!(words)), "{kind:?}");
+        }
     }
 }

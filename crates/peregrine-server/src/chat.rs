@@ -27,8 +27,9 @@ use crate::Redact;
 use crate::auth::ApiKeys;
 use crate::error::{ApiError, json_response};
 use crate::limits::{TurnSlot, check_message, drain, read_body};
-use crate::progress::{TurnTrace, Usage};
-use crate::request::{BackgroundTask, ChatRequest, Conversation};
+use crate::progress::{Piece, StatusLines, TurnTrace, Usage};
+use crate::request::{BackgroundTask, ChatRequest, Conversation, TurnInput};
+use crate::request_log::LoggedThread;
 
 /// How long a stream may send nothing before it sends [`KEEP_ALIVE`], so that proxies do not cut
 /// a long turn; also how long a stream waits for its turn to start before it answers anyway.
@@ -55,7 +56,7 @@ pub(crate) struct ServerState {
     pub max_message_bytes: usize,
     /// The places of the turns in flight (`server.max_turns_in_flight`).
     pub turn_slots: crate::limits::TurnSlots,
-    pub status_lines: bool,
+    pub status_lines: StatusLines,
     /// Unix time of the server's start (the model's `created`).
     pub started_unix: i64,
     /// Threads with a turn running now (both APIs).
@@ -104,9 +105,11 @@ pub(crate) async fn unknown_route(method: Method, uri: Uri) -> Response {
     ApiError::unknown_url(method.as_str(), uri.path()).into_response()
 }
 
-/// `POST /v1/chat/completions`. Every error text is redacted before it is answered or logged.
+/// `POST /v1/chat/completions`. Every error text is redacted before it is answered or logged;
+/// a turn's answer (or refusal) names its thread to the request log.
 pub(crate) async fn chat_completions(State(state): Shared, headers: HeaderMap, body: Body) -> Response {
-    match answer(&state, &headers, body).await {
+    let mut thread = None;
+    let mut response = match answer(&state, &headers, body, &mut thread).await {
         Ok(response) => response,
         Err(error) => {
             let error = error.redacted(&state.redact);
@@ -115,14 +118,19 @@ pub(crate) async fn chat_completions(State(state): Shared, headers: HeaderMap, b
             }
             refusal(error)
         }
+    };
+    if let Some(thread) = thread {
+        response.extensions_mut().insert(LoggedThread(thread));
     }
+    response
 }
 
 /// An error answer. A 500 (the turn failed after it may have written checkpoints) and a 409
-/// `thread_busy` (the turn still runs) say `x-should-retry: false`: the official clients would
-/// otherwise send the same turn again on their own.
+/// (`thread_busy`: the turn still runs; `nothing_to_continue`: the same request is refused
+/// again) say `x-should-retry: false`: the official clients would otherwise send the same
+/// request again on their own.
 fn refusal(error: ApiError) -> Response {
-    let final_answer = error.status == StatusCode::INTERNAL_SERVER_ERROR || error.code == Some("thread_busy");
+    let final_answer = error.status == StatusCode::INTERNAL_SERVER_ERROR || error.status == StatusCode::CONFLICT;
     let mut response = error.into_response();
     if final_answer {
         response.headers_mut().insert(SHOULD_RETRY, HeaderValue::from_static("false"));
@@ -131,8 +139,8 @@ fn refusal(error: ApiError) -> Response {
 }
 
 /// Authenticates, reads and checks the request, then answers a background task directly, or
-/// claims the conversation's thread and answers with a turn.
-async fn answer(state: &Arc<ServerState>, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+/// claims the conversation's thread (its id goes into `thread`) and answers with a turn.
+async fn answer(state: &Arc<ServerState>, headers: &HeaderMap, body: Body, thread: &mut Option<String>) -> Result<Response, ApiError> {
     let (caller, slot) = match state.keys.authenticate(headers).and_then(|caller| Ok((caller, state.turn_slots.take()?))) {
         Ok(admitted) => admitted,
         Err(error) => {
@@ -156,15 +164,23 @@ async fn answer(state: &Arc<ServerState>, headers: &HeaderMap, body: Body) -> Re
             error.into_response()
         }));
     }
-    let mut conversation = request.conversation(&caller, headers)?;
-    check_message(&conversation.input, state.max_message_bytes, "messages")?;
+    let conversation = request.conversation(&caller, headers)?;
+    if let TurnInput::Message(text) = &conversation.input {
+        check_message(text, state.max_message_bytes, "messages")?;
+    }
+    *thread = Some(conversation.thread_id.clone());
     let busy = BusyThread::claim(state, &conversation.thread_id)?.holding(slot);
+    let continuing = matches!(conversation.input, TurnInput::Continue { .. });
+    if continuing {
+        crate::continuation::check_cut_off(state, &conversation.thread_id).await?;
+    }
     tracing::info!(
-        thread = %conversation.thread_id, identity = ?conversation.identity, stream = request.is_stream(), "chat completion turn starts"
+        thread = %conversation.thread_id, identity = ?conversation.identity, stream = request.is_stream(), continuing,
+        "chat completion turn starts"
     );
-    let mark = conversation.mark.take();
+    let opening = crate::continuation::opening(&conversation);
     let turn = RunningTurn::start(Arc::clone(state), conversation, busy);
-    if request.is_stream() { stream_answer(state, &request, turn, mark).await } else { json_answer(state, turn, mark).await }
+    if request.is_stream() { stream_answer(state, &request, turn, opening).await } else { json_answer(state, turn, opening).await }
 }
 
 /// One of Open WebUI's background tasks (a title, tags, follow-ups, …): one LLM call of the
@@ -320,7 +336,7 @@ impl RunningTurn {
         let tasks = state.tasks.clone();
         tasks.spawn(async move {
             let _busy = busy;
-            let result = send(&state, &thread_id, &input, &session, options).await;
+            let result = send(&state, &thread_id, input, &session, options).await;
             let _ = ended_sender.send(result);
         });
         Self { events, ended, ended_seen: false, outcome: None, _cancel_on_drop: cancel.drop_guard() }
@@ -354,14 +370,25 @@ impl RunningTurn {
     }
 }
 
+/// Runs the request's turn: finishes the cut-off turn for a continuation (checked by
+/// [`crate::continuation::check_cut_off`]), else sends the message.
 async fn send(
     state: &ServerState,
     thread_id: &str,
-    input: &str,
+    input: TurnInput,
     session: &Session,
     options: TurnOptions,
 ) -> Result<TurnResult, AgentError> {
     let agent = &state.agent;
+    let input = match input {
+        TurnInput::Message(text) => text,
+        TurnInput::Continue { .. } => {
+            tracing::info!(thread = %thread_id, "continuing the conversation's cut-off turn");
+            let result = crate::native::retry_while_held(&options.cancel, || agent.continue_turn(thread_id, options.clone())).await;
+            log_end(state, thread_id, &result);
+            return result;
+        }
+    };
     // An approval answered in a turn that was then cut off (the client disconnected right
     // after "yes") holds an answer its node has not taken yet: the engine takes no new run on
     // such a thread, so the approved action is finished first, from its last checkpoint, and
@@ -372,12 +399,16 @@ async fn send(
         tracing::info!(thread = %thread_id, "finishing the conversation's cut-off turn before anything else");
         return agent.continue_turn(thread_id, options).await;
     }
-    let result = crate::native::retry_while_held(&options.cancel, || agent.send(thread_id, input, session, options.clone())).await;
-    match &result {
+    let result = crate::native::retry_while_held(&options.cancel, || agent.send(thread_id, &input, session, options.clone())).await;
+    log_end(state, thread_id, &result);
+    result
+}
+
+fn log_end(state: &ServerState, thread_id: &str, result: &Result<TurnResult, AgentError>) {
+    match result {
         Ok(turn) => tracing::info!(thread = %thread_id, status = ?turn.status, "chat completion turn ended"),
         Err(error) => tracing::warn!(thread = %thread_id, error = %(state.redact)(&error.to_string()), "chat completion turn failed"),
     }
-    result
 }
 
 /// The text of a turn that has no response of its own.
@@ -410,16 +441,17 @@ fn completion(model: &str, content: &str, usage: &Usage) -> Value {
     })
 }
 
-/// The non-stream answer; the conversation's mark and a blank line open its content.
-async fn json_answer(state: &ServerState, mut turn: RunningTurn, mark: Option<String>) -> Result<Response, ApiError> {
-    let mut trace = TurnTrace::new(false, None);
+/// The non-stream answer; `opening` (the conversation's mark and a blank line, or a continued
+/// answer's note) opens its content.
+async fn json_answer(state: &ServerState, mut turn: RunningTurn, opening: Option<String>) -> Result<Response, ApiError> {
+    let mut trace = TurnTrace::new(StatusLines::Off, None);
     while let Some(event) = turn.next_event().await {
         trace.observe(&event);
     }
     let result = turn.take_outcome()?;
     let text = response_text(&result, &state.redact).unwrap_or_default();
-    let content = match mark {
-        Some(mark) => format!("{mark}\n\n{text}"),
+    let content = match opening {
+        Some(opening) => format!("{opening}{text}"),
         None => text,
     };
     Ok(json_response(StatusCode::OK, &completion(&state.model_id, &content, &trace.usage)))
@@ -439,10 +471,10 @@ async fn stream_answer(
     state: &ServerState,
     request: &ChatRequest,
     mut turn: RunningTurn,
-    mark: Option<String>,
+    opening: Option<String>,
 ) -> Result<Response, ApiError> {
     let held = wait_for_start(&mut turn).await?;
-    let trace = TurnTrace::new(state.status_lines, mark);
+    let trace = TurnTrace::new(state.status_lines, opening);
     let sse = SseTurn::new(Chunks::new(&state.model_id), request.include_usage(), trace, held, turn, Arc::clone(&state.redact));
     let stream =
         futures::stream::unfold(sse, |mut sse| async move { sse.next_bytes().await.map(|bytes| (Ok::<_, std::io::Error>(bytes), sse)) });
@@ -542,9 +574,14 @@ impl SseTurn {
         }
     }
 
-    /// Content chunks for `pieces`.
-    fn content(&self, pieces: &[String]) -> String {
-        pieces.iter().map(|piece| self.chunks.chunk(json!({"content": piece}), None)).collect()
+    /// Chunks for `pieces`: `content` deltas, and `reasoning_content` deltas for progress shown
+    /// as reasoning.
+    fn content(&self, pieces: &[Piece]) -> String {
+        let delta = |piece: &Piece| match piece {
+            Piece::Content(text) => json!({"content": text}),
+            Piece::Reasoning(text) => json!({"reasoning_content": text}),
+        };
+        pieces.iter().map(|piece| self.chunks.chunk(delta(piece), None)).collect()
     }
 
     /// `text` as the next bytes, noting the time.
@@ -595,7 +632,7 @@ impl SseTurn {
             }
             Err(_) => None,
         };
-        let mut out = closing.map(|text| self.content(&[text])).unwrap_or_default();
+        let mut out = closing.map(|text| self.content(&[Piece::Content(text)])).unwrap_or_default();
         match outcome {
             Ok(_) => {
                 out.push_str(&self.chunks.chunk(json!({}), Some("stop")));
@@ -634,7 +671,7 @@ mod tests {
     }
 
     fn sse(turn: RunningTurn, redact: Redact) -> SseTurn {
-        SseTurn::new(Chunks::new("m"), false, TurnTrace::new(true, None), VecDeque::new(), turn, redact)
+        SseTurn::new(Chunks::new("m"), false, TurnTrace::new(StatusLines::Content, None), VecDeque::new(), turn, redact)
     }
 
     fn token(text: &str) -> RunEvent<AgentEvent> {
@@ -720,9 +757,9 @@ mod tests {
 
     #[tokio::test]
     async fn the_mark_and_a_blank_line_are_the_first_content_chunk_after_the_role() {
-        for status_lines in [false, true] {
+        for status_lines in [StatusLines::Off, StatusLines::Content, StatusLines::Reasoning] {
             let (turn, events, end) = fake_turn();
-            let trace = TurnTrace::new(status_lines, Some(MARK.to_owned()));
+            let trace = TurnTrace::new(status_lines, Some(format!("{MARK}\n\n")));
             let mut stream = SseTurn::new(Chunks::new("m"), false, trace, VecDeque::new(), turn, Arc::new(str::to_owned));
             let first = text(stream.next_bytes().await);
             let chunks: Vec<Value> = first
@@ -732,7 +769,7 @@ mod tests {
                 .collect();
             assert_eq!(chunks.len(), 2, "{first}");
             assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant"}));
-            assert_eq!(chunks[1]["choices"][0]["delta"], json!({"content": format!("{MARK}\n\n")}), "status lines {status_lines}");
+            assert_eq!(chunks[1]["choices"][0]["delta"], json!({"content": format!("{MARK}\n\n")}), "status lines {status_lines:?}");
             events.send(RunEvent::NodeStarted { node: peregrine_agent::ORCHESTRATOR.into(), step: 1 }).unwrap();
             events.send(token("Hi")).unwrap();
             let mut rest = String::new();
@@ -745,7 +782,7 @@ mod tests {
 
         // A turn that fails after the stream began: the mark was sent first all the same.
         let (turn, _events, end) = fake_turn();
-        let trace = TurnTrace::new(true, Some(MARK.to_owned()));
+        let trace = TurnTrace::new(StatusLines::Content, Some(format!("{MARK}\n\n")));
         let mut stream = SseTurn::new(Chunks::new("m"), false, trace, VecDeque::new(), turn, Arc::new(str::to_owned));
         assert!(text(stream.next_bytes().await).contains(MARK));
         let storage = peregrine_graph::CheckpointError::Corrupt { thread_id: "t".into(), reason: "unreadable".into() };
@@ -779,7 +816,8 @@ mod tests {
         assert_eq!(should_retry(ApiError::thread_busy()).as_deref(), Some("false"));
         assert_eq!(should_retry(ApiError::server_error("failed")).as_deref(), Some("false"));
         assert_eq!(should_retry(ApiError::invalid_messages("x")), None);
-        assert_eq!(should_retry(ApiError::conflict("stale_approval", "x")), None);
+        assert_eq!(should_retry(ApiError::conflict("nothing_to_continue", "x")).as_deref(), Some("false"));
+        assert_eq!(should_retry(ApiError::invalid_request("x")), None);
     }
 
     #[tokio::test]

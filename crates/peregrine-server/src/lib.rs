@@ -19,7 +19,8 @@
 //! `response_format` (see Requests), 413 `request_too_large` for a body over [`ServerOptions::max_body_bytes`],
 //! 409 `thread_busy` while a turn of the thread runs (in this process or, with PostgreSQL, in
 //! another), 409 `no_pending_approval` / `stale_approval` / `approval_pending` /
-//! `unfinished_run` / `nothing_to_continue` / `run_finished` / `thread_exists`, 400 when the agent's gateway refuses the message, 500 `server_error` when
+//! `unfinished_run` / `nothing_to_continue` (also a chat completion that asks to continue an
+//! answer with no cut-off turn behind it: see Requests) / `run_finished` / `thread_exists`, 400 when the agent's gateway refuses the message, 500 `server_error` when
 //! the run fails. Every message passes through [`ServerOptions::redact`] first, and so does the
 //! report of a turn that ended in the error node (it may quote a provider's or the store's error).
 //!
@@ -135,33 +136,69 @@
 //! output). `user` counts only as a non-empty string; an object or a number is ignored. A
 //! message's text is its string content or its `text` parts joined by newlines. The turn's input
 //! is the last user message; only `system` and `developer` messages may follow it (ignored, like
-//! every system and developer message: the agent has its own prompts); a trailing `assistant` or
-//! `tool` message is a 400 with `param: "messages"`. A 500 of a turn and a 409 `thread_busy`
-//! answer carry the header `x-should-retry: false`, which the official `openai` clients obey: a
-//! failed turn may have written checkpoints, and a busy thread's turn still runs, so sending the
-//! same turn again on their own would run it twice (a background task's 500 changed nothing and
-//! does not carry it).
+//! every system and developer message: the agent has its own prompts); a trailing `tool` message
+//! is a 400 with `param: "messages"`.
+//!
+//! A history whose last message (but `system` and `developer` ones) is the assistant's answer asks
+//! to **continue** that answer: Open WebUI's "Continue Response" sends it, after the Stop button
+//! or a dropped connection cut the answer off. The conversation is found as usual (see
+//! Conversation identity: the mark of the answers, the trailing one included, or the chat or
+//! session id). When its thread holds a cut-off turn (the same test as the native API's
+//! `resumable`: a run stopped in its middle, by a client that went away, a shutdown or a crash,
+//! that no process holds now; or an approval answered whose action was cut off), that turn is
+//! finished from its last checkpoint, without repeating its finished steps (the step that was
+//! running runs again from its start), and its answer is the response, streamed or not, as for a
+//! message. That answer carries no mark (the client adds it to the answer it continues); when the
+//! answer being continued shows text (anything but invisible characters, whitespace and a
+//! `<details type="reasoning">` block), it opens with `_(the answer was cut off)_` between blank
+//! lines, since the new answer is whole and does not carry on mid-sentence. Anything else is a
+//! 409 `nothing_to_continue` whose message says why (no thread for this history on this server,
+//! the last turn finished, or it asks for an approval that is still pending) and what to do
+//! instead (send a message; answer the approval); 409 because the request is well formed but the
+//! conversation's state has nothing to continue, as the native API's `{"continue": true}`
+//! answers. A run of another process holding the thread is a 409 `thread_busy`.
+//!
+//! A 500 of a turn and every 409 answer carry the header `x-should-retry: false`, which the
+//! official `openai` clients obey: a failed turn may have written checkpoints, and a busy
+//! thread's turn still runs, so sending the same turn again on their own would run it twice, and
+//! a continuation with nothing to continue is refused again (a background task's 500 changed
+//! nothing and does not carry it).
 //!
 //! # Background tasks
 //! Open WebUI asks the chat's model for titles, tags, follow-up suggestions, search queries,
-//! emojis, image prompts and autocompletions, each as a request whose one message is a user
-//! message built from a prompt template that begins with `### Task:` and quotes the chat in a
-//! `<chat_history>` block (Open WebUI drops `metadata` before it calls a connection, and adds the
-//! model's system prompt when one is set for it). A request is such a task only when
+//! image prompts and autocompletions, each as a request whose one message is a user message
+//! built from a prompt template that begins with `### Task:` and quotes the chat in a
+//! `<chat_history>` block; in voice mode it asks for an emoji of the speaker's expression, and a
+//! chat with several models asks one of them to merge their answers (mixture of agents, MoA),
+//! with templates of their own that have neither (Open WebUI drops `metadata` before it calls a
+//! connection, and adds the model's system prompt when one is set for it). A request is such a
+//! task only when
 //! - its `metadata.task` is one of Open WebUI's task names: `title_generation`,
 //!   `tags_generation`, `follow_up_generation`, `query_generation`, `emoji_generation`,
 //!   `autocomplete_generation`, `image_prompt_generation`, `moa_response_generation` (a client
 //!   that passes Open WebUI's metadata on; any other value is ignored), or
-//! - its messages but `system` and `developer` ones are exactly one user message that begins with
-//!   `### Task:` after leading whitespace and holds `<chat_history>` followed by `</chat_history>`.
+//! - its messages but `system` and `developer` ones are exactly one user message that, leading
+//!   and trailing whitespace aside,
+//!   - begins with `### Task:` and holds `<chat_history>` followed by `</chat_history>`, or
+//!   - is Open WebUI's default emoji template (`DEFAULT_EMOJI_GENERATION_PROMPT_TEMPLATE`)
+//!     around a message: its whole fixed text (`Your task is to reflect the speaker's likely
+//!     facial expression through a fitting emoji. …` up to `Message: ` and three backticks),
+//!     the message, then three backticks as the end, or
+//!   - is Open WebUI's default MoA template (`DEFAULT_MOA_GENERATION_PROMPT_TEMPLATE`) around a
+//!     query and the models' answers: `You have been provided with a set of responses from
+//!     various models to the latest user query: "`, the query, the template's whole fixed text
+//!     from `"` and `Your task is to synthesize these responses …` up to `Responses from models:
+//!     `, then nothing or the answers, which begin and end with `"""` (Open WebUI quotes each so).
 //!
 //! Anything else runs as a turn (each on a conversation of its own when it is a first message):
 //! Open WebUI's question about files, knowledge or a web search (its RAG template, put before the
 //! user's message when `RAG_SYSTEM_CONTEXT` is off, begins with `### Task:` but has no chat
 //! history), any other `### Task:` message without one, a `### Task:` message with a history
-//! before it, the tools function-calling prompt (system `Available Tools: …`, user `Query:
-//! History: …`; give the model native function calling in Open WebUI, or no tools), and a
-//! template an admin rewrote without `### Task:` or `<chat_history>`.
+//! before it, a message that quotes, shortens or adds to the emoji or MoA template, either of them
+//! after other messages, the tools function-calling prompt (system `Available Tools: …`, user
+//! `Query: History: …`; give the model native function calling in Open WebUI, or no tools), and a
+//! template an admin rewrote (without `### Task:` or `<chat_history>`, or any change to the emoji
+//! or MoA template's fixed text).
 //!
 //! A task runs no turn and reads or writes no thread. Its prompt alone (that user message; for
 //! `metadata.task`, the last user message) goes to one LLM call of the `response` role, which is
@@ -180,7 +217,8 @@
 //! 1. Header `X-OpenWebUI-Chat-Id` (Open WebUI with `ENABLE_FORWARD_USER_INFO_HEADERS`), else
 //!    header `X-Session-Id`: kind `chat-id` or `session-id`, then the id. Two users of one key
 //!    who send the same id have two threads. Open WebUI's ids that name no stored chat, those of
-//!    temporary chats (`local:…`) and channels (`channel:…`), count as absent. No mark is sent.
+//!    temporary chats (`temporary:…` since Open WebUI 0.12, `local:…` before) and channels
+//!    (`channel:…`), count as absent. No mark is sent.
 //! 2. An assistant message (any, in order: the first whole mark wins) holds a mark: kind
 //!    `nonce`, then the nonce it holds as 16 lowercase hex digits. The answer carries the mark
 //!    again (below).
@@ -198,8 +236,8 @@
 //! The mark is the nonce, invisible: U+2060 WORD JOINER, then the 64 bits, most significant
 //! first, as U+200B (0) and U+200C (1) (whitespace between them is skipped when it is read).
 //! Every answer of a conversation of rules 2 and 3 begins with it, followed by a blank line: a
-//! stream's first content chunk, right after the role chunk and before anything else (status
-//! lines, the answer); a non-stream answer's first characters. It is an invisible first
+//! stream's first content chunk, right after the role chunk and before anything else (progress,
+//! the answer); a non-stream answer's first characters. It is an invisible first
 //! paragraph, so the answer's markdown (a heading, a list, a table) begins a block of its own, and
 //! an answer stopped at any moment holds it. Clients keep it in the text they resend (trimming
 //! keeps it: it is not whitespace), so every later request of the conversation finds the first
@@ -227,12 +265,31 @@
 //! digits of the key's digest>:` on a server with keys; its interface is `openwebui`.
 //!
 //! # Streaming
-//! Every chunk has the same `id` and `created`; the first delta is `{"role":"assistant"}`. With
-//! [`ServerOptions::status_lines`], progress goes **into the content** as lines such as
-//! `> planning…` or `> step 1/2 current_weather…` (after the conversation's mark and its blank
-//! line, when it has one: see Conversation identity), followed by a blank line before the answer,
-//! so that Open WebUI (which shows only content) shows what the agent is doing. Then come the
-//! answer tokens; a turn that streamed no tokens (an error report, an approval prompt, a reply)
+//! Every chunk has the same `id` and `created`; the first delta is `{"role":"assistant"}`.
+//! [`ServerOptions::status_lines`] ([`StatusLines`], `server.status_lines` in `config.yml`) says
+//! how the agent's progress (`planning…`, `step 1/2 current_weather…`, a line each while no answer
+//! is under way) is shown:
+//! - `reasoning` (the default): as `{"reasoning_content": "planning…\n"}` deltas, each chunk
+//!   holding either content or reasoning. Open WebUI (0.12) shows them live in a collapsible
+//!   reasoning block and keeps them out of the answer: it stores them as a reasoning item of the
+//!   message, apart from its text, and does not resend them with the history (its
+//!   `convert_output_to_messages` leaves reasoning out for an OpenAI connection; earlier versions
+//!   stored a `<details type="reasoning">` block and removed it before resending), nor quote them
+//!   in title and tag prompts or copy them. The content is only the conversation's mark with its
+//!   blank line, then the answer. The mark comes first so that an answer stopped at any moment
+//!   holds it; Open WebUI then draws the block as already finished ("Thought for 0 seconds")
+//!   while it fills, where a stream without a mark (a chat or session id: see Conversation
+//!   identity) shows it as "Thinking…" until the answer begins. Clients that do not know the
+//!   field (the official `openai` clients keep it as an extra attribute of the delta) show the
+//!   answer alone.
+//! - `content`: as lines of the content, `> planning…`, after the mark and its blank line, then a
+//!   blank line before the answer. Every client shows them, and as part of the answer: Open WebUI
+//!   resends them with every later request, quotes them in its title and tag prompts and copies
+//!   them with the answer, and after Stop they may be all that remains.
+//! - `off`: nothing but the answer.
+//!
+//! `true` and `false`, the booleans of earlier versions, read as `reasoning` and `off`. Then come
+//! the answer tokens; a turn that streamed no tokens (an error report, an approval prompt, a reply)
 //! sends its text as one piece. When the answer's stream breaks and its call is made again, what
 //! was shown stays, followed by `_(the answer was cut off)_` on a line of its own and the answer
 //! of the new call (which is not sent again at the end); when the call is made again without a
@@ -247,15 +304,22 @@
 //! for 15 s (whatever the turn did meanwhile) sends the SSE comment `: keep-alive` (clients
 //! ignore comments), so that proxies do not cut a long turn.
 //!
+//! # Request log
+//! Every request gets one `info` line under the `tracing` target [`REQUEST_LOG_TARGET`] (which
+//! `peregrine serve` logs at its default level) once its response's head is ready: `method`,
+//! `path` (never the query string), `status`, `duration_ms` (for a stream, the time to its
+//! head), and for a chat completion turn its `thread`. No header, key or body is logged.
+//!
 //! # Cancellation
 //! On `/v1/chat/completions`, a client that disconnects (or drops a non-stream request) cancels
 //! the turn; its last checkpoint stays and the next message continues the conversation (an
 //! answer stopped at any moment holds its conversation's mark, which comes first: see
-//! Conversation identity). Native runs are cancelled
-//! only by `POST …/cancel`.
+//! Conversation identity), or a request to continue the answer finishes the cut-off turn (see
+//! Requests). Native runs are cancelled only by `POST …/cancel`.
 
 mod auth;
 mod chat;
+mod continuation;
 mod error;
 mod guard;
 mod limits;
@@ -263,6 +327,7 @@ mod listen;
 mod native;
 mod progress;
 mod request;
+mod request_log;
 mod runs;
 mod ui;
 
@@ -280,7 +345,9 @@ use tokio_util::task::TaskTracker;
 pub use error::ApiError;
 pub use limits::{DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_TURNS_IN_FLIGHT};
 pub use listen::{ConnectionLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, serve};
+pub use progress::StatusLines;
 pub use request::{CHAT_ID_HEADER, DEFAULT_USER, INTERFACE, SESSION_ID_HEADER, USER_ID_HEADER};
+pub use request_log::REQUEST_LOG_TARGET;
 
 /// The default limit on a request body: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -312,8 +379,8 @@ pub struct ServerOptions {
     /// otherwise obeys only its own page and clients that are not browsers; they also get CORS
     /// answers.
     pub allowed_origins: Vec<String>,
-    /// Whether a stream carries progress lines in its content before the answer.
-    pub status_lines: bool,
+    /// How a stream shows the agent's progress before the answer (see Streaming).
+    pub status_lines: StatusLines,
     /// Applied to every error text before it is answered or logged.
     pub redact: Redact,
     /// Where an approved plan's pending plan files live (`<agent_data_dir>`), so that deleting a
@@ -338,7 +405,8 @@ impl std::fmt::Debug for ServerOptions {
 }
 
 impl ServerOptions {
-    /// Options serving `model_id` without keys, with a 1 MiB body limit and status lines.
+    /// Options serving `model_id` without keys, with a 1 MiB body limit and progress shown as
+    /// reasoning.
     pub fn new(model_id: impl Into<String>) -> Self {
         Self {
             model_id: model_id.into(),
@@ -348,7 +416,7 @@ impl ServerOptions {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_turns_in_flight: DEFAULT_MAX_TURNS_IN_FLIGHT,
             allowed_origins: Vec::new(),
-            status_lines: true,
+            status_lines: StatusLines::default(),
             redact: Arc::new(str::to_owned),
             agent_data_dir: None,
         }
@@ -435,8 +503,11 @@ impl Server {
             // The handlers read bodies themselves, with their own limit and a JSON 413.
             .layer(DefaultBodyLimit::disable())
             .layer(self.cors())
-            // Outermost: nothing (not even a CORS preflight) is answered for a refused request.
+            // Outside the CORS answers: nothing (not even a preflight) is answered for a refused
+            // request.
             .layer(axum::middleware::from_fn_with_state(Arc::clone(&self.guard), guard::guard))
+            // Outermost: every request is logged, refused ones too.
+            .layer(axum::middleware::from_fn(request_log::log_request))
             .with_state(Arc::clone(&self.state))
     }
 

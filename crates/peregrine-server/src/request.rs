@@ -21,8 +21,8 @@ pub const USER_ID_HEADER: &str = "x-openwebui-user-id";
 pub const INTERFACE: &str = "openwebui";
 /// The user id when the request names none.
 pub const DEFAULT_USER: &str = "api";
-/// How the prompts of Open WebUI's background tasks (title, tags, follow-ups, search queries,
-/// autocompletion, image prompts) begin.
+/// How the prompts of most of Open WebUI's background tasks (title, tags, follow-ups, search
+/// queries, autocompletion, image prompts) begin.
 pub(crate) const TASK_PROMPT_PREFIX: &str = "### Task:";
 /// Open WebUI's background task names (its `TASKS`, as `metadata.task` holds them), but
 /// `function_calling`, whose prompt is a conversation's.
@@ -36,9 +36,29 @@ pub(crate) const TASK_NAMES: [&str; 8] = [
     "image_prompt_generation",
     "moa_response_generation",
 ];
-/// The prefixes of Open WebUI's chat ids that name no stored chat (temporary chats, channels):
-/// such an id counts as absent.
-const UNSTORED_CHAT_PREFIXES: [&str; 2] = ["local:", "channel:"];
+/// The prefixes of Open WebUI's chat ids that name no stored chat (its `NON_SAVED_CHAT_ID_PREFIXES`:
+/// temporary chats, `temporary:<socket id>` since 0.12 and `local:<socket id>` before, and
+/// channels): such an id counts as absent.
+const UNSTORED_CHAT_PREFIXES: [&str; 3] = ["temporary:", "local:", "channel:"];
+/// Open WebUI's emoji template (`DEFAULT_EMOJI_GENERATION_PROMPT_TEMPLATE`, asked in voice mode)
+/// before its `{{prompt}}`; the prompt is followed by [`EMOJI_TEMPLATE_END`] and nothing else.
+const EMOJI_TEMPLATE_START: &str = "Your task is to reflect the speaker's likely facial expression through a fitting emoji. \
+    Interpret emotions from the message and reflect their facial expression using fitting, diverse emojis (e.g., 😊, 😢, 😡, 😱).\n\n\
+    Message: ```";
+/// What ends Open WebUI's emoji prompt, after the message.
+const EMOJI_TEMPLATE_END: &str = "```";
+/// Open WebUI's mixture-of-agents template (`DEFAULT_MOA_GENERATION_PROMPT_TEMPLATE`) before
+/// its `{{prompt}}`.
+const MOA_TEMPLATE_START: &str = "You have been provided with a set of responses from various models to the latest user query: \"";
+/// The MoA template between `{{prompt}}` and the space before `{{responses}}` (the models'
+/// answers, each in triple quotes, separated by blank lines).
+const MOA_TEMPLATE_INSTRUCTIONS: &str = "\"\n\nYour task is to synthesize these responses into a single, high-quality response. \
+    It is crucial to critically evaluate the information provided in these responses, recognizing that some of it may be biased \
+    or incorrect. Your response should not simply replicate the given answers but should offer a refined, accurate, and \
+    comprehensive reply to the instruction. Ensure your response is well-structured, coherent, and adheres to the highest \
+    standards of accuracy and reliability.\n\nResponses from models:";
+/// How Open WebUI quotes each model's answer in a MoA prompt.
+const MOA_RESPONSE_QUOTES: &str = "\"\"\"";
 
 /// The part of a `POST /v1/chat/completions` body the server uses.
 #[derive(Debug, Clone, Deserialize)]
@@ -163,11 +183,9 @@ impl ChatRequest {
 
     /// The background task of Open WebUI this request is, if it is one: a request whose
     /// `metadata.task` is one of [`TASK_NAMES`] (a client that passes Open WebUI's metadata on),
-    /// or whose only message but system / developer ones is a user message that begins with
-    /// [`TASK_PROMPT_PREFIX`] and holds a `<chat_history>` … `</chat_history>` block (every task
-    /// template of Open WebUI has one; its RAG template, a question about files, knowledge or a
-    /// web search, has none). Its prompt is that message (for `metadata.task`, the last user
-    /// message); nothing else is forwarded.
+    /// or whose only message but system / developer ones is a user message built from one of
+    /// Open WebUI's task templates (see [`task_template`]). Its prompt is that message (for
+    /// `metadata.task`, the last user message); nothing else is forwarded.
     pub(crate) fn background_task(&self) -> Option<BackgroundTask> {
         let named = non_empty(self.metadata.as_ref().and_then(|metadata| metadata.get("task")).and_then(Value::as_str));
         if let Some(task) = named.filter(|task| TASK_NAMES.contains(task)) {
@@ -177,13 +195,14 @@ impl ChatRequest {
         let mut others = self.messages.iter().filter(|message| !is_instruction(&message.role));
         let (Some(only), None) = (others.next(), others.next()) else { return None };
         let prompt = only.text().filter(|_| only.role == "user")?;
-        (prompt.trim_start().starts_with(TASK_PROMPT_PREFIX) && holds_chat_history(&prompt))
-            .then(|| BackgroundTask { name: "task prompt".to_owned(), prompt })
+        let name = task_template(&prompt)?;
+        Some(BackgroundTask { name: name.to_owned(), prompt })
     }
 
-    /// The turn's input: the last user message, after which only system and developer messages
-    /// may come.
-    fn input(&self) -> Result<String, ApiError> {
+    /// What the request asks of its conversation: the last message but system and developer
+    /// ones is the user's new message, or the assistant's answer to continue (Open WebUI's
+    /// "Continue Response" resends the history up to the answer, which may have been cut off).
+    fn input(&self) -> Result<TurnInput, ApiError> {
         let Some(last) = self.messages.iter().rev().find(|message| !is_instruction(&message.role)) else {
             return Err(ApiError::invalid_messages(if self.messages.is_empty() {
                 "'messages' is empty; send at least one user message."
@@ -191,14 +210,22 @@ impl ChatRequest {
                 "'messages' has only system or developer messages; add the user's message (role 'user')."
             }));
         };
-        if last.role != "user" {
-            let role: String = last.role.chars().take(40).collect();
-            return Err(ApiError::invalid_messages(format!(
-                "The last message has role '{role}'; the last message must be the user's (role 'user') new message, followed by \
-                 nothing but system or developer messages."
-            )));
+        match last.role.as_str() {
+            "user" => last
+                .text()
+                .map(TurnInput::Message)
+                .ok_or_else(|| ApiError::invalid_messages("The last user message has no text; send a string or text content parts.")),
+            "assistant" => Ok(TurnInput::Continue {
+                shown: last.text().is_some_and(|text| !normalize_answer(&without_reasoning_blocks(&text)).is_empty()),
+            }),
+            role => {
+                let role: String = role.chars().take(40).collect();
+                Err(ApiError::invalid_messages(format!(
+                    "The last message has role '{role}'; the last message must be the user's (role 'user') new message, or the \
+                     assistant's answer to continue it, followed by nothing but system or developer messages."
+                )))
+            }
         }
-        last.text().ok_or_else(|| ApiError::invalid_messages("The last user message has no text; send a string or text content parts."))
     }
 
     /// The index of the first user message with text (the anchor of a conversation).
@@ -257,9 +284,69 @@ impl ChatRequest {
     }
 }
 
+/// `text` without the reasoning blocks Open WebUI renders (`<details type="reasoning" …>` …
+/// `</details>`; a block left open runs to the end): what of an answer is its text.
+fn without_reasoning_blocks(text: &str) -> String {
+    const OPEN: &str = "<details type=\"reasoning\"";
+    const CLOSE: &str = "</details>";
+    let mut kept = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(OPEN) {
+        kept.push_str(&rest[..start]);
+        rest = rest[start..].find(CLOSE).map_or("", |end| &rest[start + end + CLOSE.len()..]);
+    }
+    kept.push_str(rest);
+    kept
+}
+
 /// Whether messages of `role` only instruct the model (the agent has its own prompts).
 fn is_instruction(role: &str) -> bool {
     matches!(role, "system" | "developer")
+}
+
+/// The task whose Open WebUI template `prompt` was built from, if it was built from one (leading
+/// and trailing whitespace aside): `task prompt` for one that begins with [`TASK_PROMPT_PREFIX`]
+/// and holds a `<chat_history>` … `</chat_history>` block (titles, tags, follow-ups, search
+/// queries, autocompletion, image prompts; Open WebUI's RAG template, a question about files,
+/// knowledge or a web search, has no history), `emoji_generation` for the emoji template and
+/// `moa_response_generation` for the mixture-of-agents template. Each of the last two must be
+/// the template's whole fixed text around its placeholders, so a user's message that merely
+/// quotes or resembles one is not mistaken for it.
+fn task_template(prompt: &str) -> Option<&'static str> {
+    let text = prompt.trim();
+    if text.starts_with(TASK_PROMPT_PREFIX) && holds_chat_history(text) {
+        Some("task prompt")
+    } else if is_emoji_prompt(text) {
+        Some("emoji_generation")
+    } else if is_moa_prompt(text) {
+        Some("moa_response_generation")
+    } else {
+        None
+    }
+}
+
+/// Whether `text` is Open WebUI's emoji template around a message: [`EMOJI_TEMPLATE_START`], the
+/// message, [`EMOJI_TEMPLATE_END`].
+fn is_emoji_prompt(text: &str) -> bool {
+    text.strip_prefix(EMOJI_TEMPLATE_START).is_some_and(|message| message.ends_with(EMOJI_TEMPLATE_END))
+}
+
+/// Whether `text` is Open WebUI's MoA template around a query and the models' responses:
+/// [`MOA_TEMPLATE_START`], the query, [`MOA_TEMPLATE_INSTRUCTIONS`], then nothing (`text` is
+/// trimmed, and so is the space before an empty `{{responses}}`) or a space and the responses,
+/// which begin and end with [`MOA_RESPONSE_QUOTES`]. The query may itself hold the instructions'
+/// text, so every place they occur is tried.
+fn is_moa_prompt(text: &str) -> bool {
+    let Some(rest) = text.strip_prefix(MOA_TEMPLATE_START) else { return false };
+    rest.match_indices(MOA_TEMPLATE_INSTRUCTIONS).any(|(at, instructions)| {
+        let after = &rest[at + instructions.len()..];
+        after.is_empty()
+            || after.strip_prefix(' ').is_some_and(|responses| {
+                responses.len() >= 2 * MOA_RESPONSE_QUOTES.len()
+                    && responses.starts_with(MOA_RESPONSE_QUOTES)
+                    && responses.ends_with(MOA_RESPONSE_QUOTES)
+            })
+    })
 }
 
 /// Whether `text` holds a chat history as Open WebUI's task templates put it: `<chat_history>`,
@@ -284,10 +371,23 @@ fn forces_a_tool(choice: &Value) -> bool {
 /// One of Open WebUI's background tasks: answered by one LLM call with its prompt alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BackgroundTask {
-    /// `metadata.task` (one of [`TASK_NAMES`]), or `task prompt`.
+    /// `metadata.task` (one of [`TASK_NAMES`]), or what [`task_template`] found.
     pub name: String,
     /// The user message forwarded to the model.
     pub prompt: String,
+}
+
+/// What a request asks of its conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TurnInput {
+    /// A new turn: the last user message.
+    Message(String),
+    /// Finish the conversation's cut-off turn: the history ends with the assistant's answer.
+    Continue {
+        /// Whether the answer being continued shows any text (not only invisible characters and
+        /// whitespace, such as a bare mark).
+        shown: bool,
+    },
 }
 
 /// Which agent thread a request continues, what it says, and who says it.
@@ -301,8 +401,8 @@ pub(crate) struct Conversation {
     /// that opens every answer, from which the conversation's later requests derive `thread_id`
     /// again.
     pub mark: Option<String>,
-    /// The last user message: the turn's input.
-    pub input: String,
+    /// The turn's input: the last user message, or a continuation of the cut-off turn.
+    pub input: TurnInput,
     /// The session (user id, interface `openwebui`).
     pub session: Session,
 }
@@ -491,21 +591,30 @@ mod tests {
     }
 
     #[test]
-    fn the_input_is_the_last_user_message_followed_only_by_system_messages() {
+    fn the_input_is_the_last_user_message_or_the_answer_to_continue_followed_only_by_system_messages() {
         let system = json!({"role": "system", "content": "context"});
+        let message = |text: &str| Some(TurnInput::Message(text.to_owned()));
+        let (shown, bare) = (Some(TurnInput::Continue { shown: true }), Some(TurnInput::Continue { shown: false }));
+        let mark = Nonce(9).mark();
+        let details =
+            "<details type=\"reasoning\" done=\"true\" duration=\"1\">\n<summary>Thought for 1 seconds</summary>\n> planning…\n</details>";
         let cases = [
             (json!([]), None),
             (json!([system]), None),
-            (json!([user("hi"), assistant("hello")]), None),
             (json!([user("hi"), {"role": "tool", "content": "42", "tool_call_id": "c"}]), None),
-            (json!([user("hi"), assistant("hello"), system]), None),
             (json!([{"role": "user", "content": null}]), None),
             (json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), None),
-            (json!([system, user("hi")]), Some("hi")),
-            (json!([user("hi"), system]), Some("hi")),
-            (json!([user("hi"), {"role": "developer", "content": "d"}, system]), Some("hi")),
-            (json!([user("hi"), assistant("hello"), user("bye"), system, system]), Some("bye")),
-            (json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]), Some("a\nb")),
+            (json!([system, user("hi")]), message("hi")),
+            (json!([user("hi"), system]), message("hi")),
+            (json!([user("hi"), {"role": "developer", "content": "d"}, system]), message("hi")),
+            (json!([user("hi"), assistant("hello"), user("bye"), system, system]), message("bye")),
+            (json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]), message("a\nb")),
+            // Open WebUI's "Continue Response": the history ends with the answer to continue.
+            (json!([user("hi"), assistant("hello")]), shown.clone()),
+            (json!([user("hi"), assistant("hello"), system]), shown.clone()),
+            (json!([user("hi"), assistant(&format!("{mark}\n\n{details}\nThe weather"))]), shown),
+            (json!([user("hi"), assistant(&format!("{mark}\n\n"))]), bare.clone()),
+            (json!([user("hi"), {"role": "assistant", "content": null}]), bare),
         ];
         for (messages, input) in cases {
             let result = request(json!({"model": "m", "messages": messages})).conversation(&Caller::Anonymous, &HeaderMap::new());
@@ -515,6 +624,28 @@ mod tests {
                 (result, _) => panic!("{messages}: {result:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_reasoning_block_in_an_answer_neither_hides_its_mark_nor_becomes_the_input() {
+        // An answer as a client that keeps Open WebUI's rendered reasoning block resends it:
+        // the mark, the block with the progress, the answer.
+        let none = HeaderMap::new();
+        let mark = Nonce(0x0bad_cafe).mark();
+        let details = "<details type=\"reasoning\" done=\"true\" duration=\"0\">\n<summary>Thought for 0 seconds</summary>\n\
+                       > planning…\n> step 1/2 current_weather…\n</details>";
+        let answer = format!("{mark}\n{details}\nIt is 12 °C in Prague.");
+        let asked = conversation(json!([user("weather?"), assistant(&answer), user("and tomorrow?")]), &Caller::Anonymous, &none);
+        assert_eq!((asked.identity, asked.mark.as_ref()), (Identity::Mark, Some(&mark)));
+        assert_eq!(asked.input, TurnInput::Message("and tomorrow?".to_owned()));
+        let continued = conversation(json!([user("weather?"), assistant(&answer)]), &Caller::Anonymous, &none);
+        assert_eq!((continued.thread_id.as_str(), continued.input), (asked.thread_id.as_str(), TurnInput::Continue { shown: true }));
+        // Stopped while the agent worked: the block alone after the mark.
+        let stopped = conversation(json!([user("weather?"), assistant(&format!("{mark}\n{details}"))]), &Caller::Anonymous, &none);
+        assert_eq!((stopped.thread_id.as_str(), stopped.input), (asked.thread_id.as_str(), TurnInput::Continue { shown: false }));
+        assert_eq!(without_reasoning_blocks(&format!("a{details}b{details}")), "ab");
+        assert_eq!(without_reasoning_blocks("a<details type=\"reasoning\">\n> planning…"), "a", "a block cut off");
+        assert_eq!(without_reasoning_blocks("a <details>b</details>"), "a <details>b</details>", "other blocks are text");
     }
 
     #[test]
@@ -587,6 +718,79 @@ mod tests {
         }
     }
 
+    /// Open WebUI's `DEFAULT_EMOJI_GENERATION_PROMPT_TEMPLATE` (voice mode), as its source has it.
+    const OPEN_WEBUI_EMOJI_TEMPLATE: &str = "Your task is to reflect the speaker's likely facial expression through a fitting emoji. \
+        Interpret emotions from the message and reflect their facial expression using fitting, diverse emojis (e.g., 😊, 😢, 😡, 😱).\n\n\
+        Message: ```{{prompt}}```";
+    /// Open WebUI's `DEFAULT_MOA_GENERATION_PROMPT_TEMPLATE`, as its source has it.
+    const OPEN_WEBUI_MOA_TEMPLATE: &str = "You have been provided with a set of responses from various models to the latest user query: \
+        \"{{prompt}}\"\n\nYour task is to synthesize these responses into a single, high-quality response. It is crucial to \
+        critically evaluate the information provided in these responses, recognizing that some of it may be biased or incorrect. \
+        Your response should not simply replicate the given answers but should offer a refined, accurate, and comprehensive \
+        reply to the instruction. Ensure your response is well-structured, coherent, and adheres to the highest standards of \
+        accuracy and reliability.\n\nResponses from models: {{responses}}";
+
+    /// The emoji prompt Open WebUI builds for `message`.
+    fn emoji_prompt(message: &str) -> String {
+        OPEN_WEBUI_EMOJI_TEMPLATE.replace("{{prompt}}", message)
+    }
+
+    /// The MoA prompt Open WebUI builds for `query` and the models' `responses`: each in triple
+    /// quotes, joined by blank lines.
+    fn moa_prompt(query: &str, responses: &[&str]) -> String {
+        let responses: Vec<String> = responses.iter().map(|response| format!("\"\"\"{response}\"\"\"")).collect();
+        OPEN_WEBUI_MOA_TEMPLATE.replace("{{prompt}}", query).replace("{{responses}}", &responses.join("\n\n"))
+    }
+
+    #[test]
+    fn open_webui_emoji_and_moa_prompts_are_background_tasks_and_near_misses_are_turns() {
+        let emoji = emoji_prompt("I can't believe it, we won!");
+        let tricky_emoji = emoji_prompt("a ```code``` block\nand a second line");
+        let moa = moa_prompt("What's the weather in Prague?", &["It is 12 °C.", "Partly cloudy,\n12 °C \"\"\"quoted\"\"\"."]);
+        let moa_of_none = moa_prompt("hi", &[]);
+        // A query that quotes the template's instructions: they come twice.
+        let (_, after_query) = OPEN_WEBUI_MOA_TEMPLATE.split_once("{{prompt}}").unwrap();
+        let (instructions, _) = after_query.split_once("{{responses}}").unwrap();
+        let moa_quoting_itself = moa_prompt(&format!("Explain: {instructions}"), &["ok"]);
+        let system = json!({"role": "system", "content": "You are Peregrine."});
+        let named = |name: &str, prompt: &str| Some((name.to_owned(), prompt.to_owned()));
+        let emoji_task = |prompt: &str| named("emoji_generation", prompt);
+        let moa_task = |prompt: &str| named("moa_response_generation", prompt);
+        let (emoji_intro, _) = OPEN_WEBUI_EMOJI_TEMPLATE.split_once("Message:").unwrap();
+        let (moa_intro, _) = OPEN_WEBUI_MOA_TEMPLATE.split_once("Responses from models:").unwrap();
+        let cases = [
+            (json!({"messages": [user(&emoji)]}), emoji_task(&emoji)),
+            (json!({"messages": [user(&tricky_emoji)]}), emoji_task(&tricky_emoji)),
+            (json!({"messages": [system, user(&emoji)]}), emoji_task(&emoji)),
+            (json!({"messages": [user(&format!("\n{emoji}\n"))]}), emoji_task(&format!("\n{emoji}\n"))),
+            (json!({"messages": [user(&moa)]}), moa_task(&moa)),
+            (json!({"messages": [user(&moa_of_none)]}), moa_task(&moa_of_none)),
+            (json!({"messages": [user(&moa_quoting_itself)]}), moa_task(&moa_quoting_itself)),
+            (json!({"messages": [system, user(&moa)]}), moa_task(&moa)),
+            // Near misses are the user's own messages: turns.
+            (json!({"messages": [user(emoji_intro)]}), None),
+            (json!({"messages": [user(&emoji.replace("fitting, diverse emojis", "fitting emojis"))]}), None),
+            (json!({"messages": [user(emoji.trim_end_matches('`'))]}), None),
+            (json!({"messages": [user(&format!("{emoji} Also, what's the weather?"))]}), None),
+            (json!({"messages": [user(&format!("Why do you ask: {emoji}"))]}), None),
+            (json!({"messages": [user("Your task is to reflect the speaker's likely facial expression through a fitting emoji.")]}), None),
+            (json!({"messages": [user("hi"), assistant("hello"), user(&emoji)]}), None),
+            (json!({"messages": [user(&emoji), user(&emoji)]}), None),
+            (json!({"messages": [assistant(&emoji)]}), None),
+            (json!({"messages": [user(moa_intro)]}), None),
+            (json!({"messages": [user(&moa.replace("Responses from models: \"\"\"", "Responses from models: "))]}), None),
+            (json!({"messages": [user(&format!("{moa} What do you think?"))]}), None),
+            (json!({"messages": [user(&format!("Look at this: {moa}"))]}), None),
+            (json!({"messages": [user(&moa.replace("single, high-quality response", "single response"))]}), None),
+            (json!({"messages": [user("hi"), assistant("hello"), user(&moa)]}), None),
+        ];
+        for (mut body, expected) in cases {
+            body["model"] = json!("m");
+            let found = request(body.clone()).background_task().map(|task| (task.name, task.prompt));
+            assert_eq!(found, expected, "{body}");
+        }
+    }
+
     #[test]
     fn a_new_conversation_gets_a_nonce_that_its_first_answer_carries() {
         let none = HeaderMap::new();
@@ -608,7 +812,7 @@ mod tests {
             (first.thread_id.as_str(), Identity::Mark, Some(&mark)),
             "every answer of the conversation carries its mark"
         );
-        assert_eq!(later.input, "weather?");
+        assert_eq!(later.input, TurnInput::Message("weather?".to_owned()));
         let further =
             conversation(json!([user("hi"), assistant(&answer), user("weather?"), assistant("sunny"), user("thanks")]), &anonymous, &none);
         assert_eq!(further.thread_id, first.thread_id, "an answer without the mark changes nothing");
@@ -745,8 +949,9 @@ mod tests {
         assert_eq!(owner.identity, Identity::ChatId);
         assert_ne!(owner.thread_id, clone.thread_id, "a shared chat's other user does not reach the owner's thread");
 
-        // Temporary chats and channels have no stored chat: their ids count as absent.
-        for unstored in ["local:abc", "channel:xyz"] {
+        // Temporary chats (`temporary:` since Open WebUI 0.12, `local:` before) and channels have
+        // no stored chat: their ids count as absent.
+        for unstored in ["temporary:abc", "local:abc", "channel:xyz"] {
             let temporary = conversation(json!([user("hello")]), anonymous, &with_header(CHAT_ID_HEADER, unstored));
             assert_eq!(temporary.identity, Identity::New, "{unstored}");
             assert!(temporary.mark.is_some());

@@ -10,7 +10,7 @@ use std::time::Duration;
 use peregrine_agent::Agent;
 use peregrine_core::state::Role;
 use peregrine_llm::Secret;
-use peregrine_server::{CHAT_ID_HEADER, ServerOptions, USER_ID_HEADER, router};
+use peregrine_server::{CHAT_ID_HEADER, ServerOptions, StatusLines, USER_ID_HEADER, router};
 use peregrine_testkit::agent_fixture::{LlmCall, answer_reply, call_counts, weather_agent, weather_script, with_weather_replies};
 use peregrine_testkit::llm_server::{Fault, Reply, Script, ScriptedLlmServer};
 use serde_json::{Value, json};
@@ -141,7 +141,7 @@ fn sse_events(text: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn a_stream_has_role_status_lines_tokens_stop_and_usage() {
-    let served = serve(weather_script(), options()).await;
+    let served = serve(weather_script(), ServerOptions { status_lines: StatusLines::Content, ..options() }).await;
     let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true, "stream_options": {"include_usage": true}});
     let response = served.post(&body).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 200);
@@ -182,7 +182,7 @@ async fn a_stream_has_role_status_lines_tokens_stop_and_usage() {
 
 #[tokio::test]
 async fn a_stream_without_status_lines_or_usage_is_only_the_answer() {
-    let served = serve(weather_script(), ServerOptions { status_lines: false, ..options() }).await;
+    let served = serve(weather_script(), ServerOptions { status_lines: StatusLines::Off, ..options() }).await;
     let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
     let events = sse_events(&served.post(&body).send().await.unwrap().text().await.unwrap());
     let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|event| serde_json::from_str(event).unwrap()).collect();
@@ -217,6 +217,13 @@ async fn a_streamed_approval_prompt_is_sent_as_content() {
     let text: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
     assert!(text.contains("HUMAN APPROVAL REQUIRED"), "{text:?}");
     assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "stop");
+
+    // The approved turn's progress is reasoning too: the answer's text is the mark and the answer.
+    let body = json!({"model": MODEL, "messages": [user(PLANNING), assistant(&text), user("yes")], "stream": true});
+    let (answer, _) = content_and_reasoning(&served.post(&body).send().await.unwrap().text().await.unwrap());
+    let mark = mark_in(&text);
+    let rest = answer.strip_prefix(&format!("{mark}\n\n")).unwrap_or_else(|| panic!("{answer:?}"));
+    assert!(rest.contains("Weather in Prague") && !rest.contains('…'), "{answer:?}");
 }
 
 #[tokio::test]
@@ -254,7 +261,7 @@ async fn bad_requests_get_openai_errors() {
     assert_eq!(unknown_model.status().as_u16(), 404);
     assert_error(&unknown_model.json().await.unwrap(), Some("model_not_found"));
 
-    for messages in [json!([]), json!([user(QUESTION), assistant("It is sunny.")])] {
+    for messages in [json!([]), json!([user(QUESTION), {"role": "tool", "content": "It is sunny.", "tool_call_id": "c"}])] {
         let (status, body) = served.chat(messages).await;
         assert_eq!(status, 400, "{body}");
         assert_eq!(body["error"]["param"], "messages");
@@ -445,7 +452,8 @@ async fn two_chats_that_start_alike_are_two_conversations() {
 
 #[tokio::test]
 async fn a_streamed_first_turn_is_continued_by_the_history_the_client_resends() {
-    let served = serve(weather_script(), options()).await;
+    // Status lines in the content, which the client resends with the history.
+    let served = serve(weather_script(), ServerOptions { status_lines: StatusLines::Content, ..options() }).await;
     let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
     let streamed = streamed_content(&served.post(&body).send().await.unwrap().text().await.unwrap());
     let mark = mark_in(&streamed);
@@ -473,7 +481,7 @@ async fn a_streamed_first_turn_is_continued_by_the_history_the_client_resends() 
 
 #[tokio::test]
 async fn the_mark_and_a_blank_line_are_the_first_content_chunk() {
-    for status_lines in [true, false] {
+    for status_lines in [StatusLines::Content, StatusLines::Reasoning, StatusLines::Off] {
         let served = serve(weather_script(), ServerOptions { status_lines, ..options() }).await;
         let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
         let events = sse_events(&served.post(&body).send().await.unwrap().text().await.unwrap());
@@ -484,7 +492,7 @@ async fn the_mark_and_a_blank_line_are_the_first_content_chunk() {
         let text: String = chunks.iter().filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str()).collect();
         assert_eq!(text.matches('\u{2060}').count(), 1, "one mark: {text:?}");
         let rest = &text[first_content.len()..];
-        let expected = if status_lines { "> understanding the request…" } else { "Here is the current weather." };
+        let expected = if status_lines == StatusLines::Content { "> understanding the request…" } else { "Here is the current weather." };
         assert!(rest.starts_with(expected), "{text:?}");
     }
 }
@@ -499,8 +507,11 @@ async fn an_answer_that_begins_with_a_list_stays_a_list() {
     let mark = mark_in(&answer);
     assert!(answer.starts_with(&format!("{mark}\n\n{LIST}")), "an invisible paragraph, then the list on a line of its own: {answer:?}");
     let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
-    let quiet =
-        serve(with_weather_replies(Script::new().on_plain(Reply::text(LIST))), ServerOptions { status_lines: false, ..options() }).await;
+    let quiet = serve(
+        with_weather_replies(Script::new().on_plain(Reply::text(LIST))),
+        ServerOptions { status_lines: StatusLines::Off, ..options() },
+    )
+    .await;
     let streamed = streamed_content(&quiet.post(&body).send().await.unwrap().text().await.unwrap());
     assert!(streamed.starts_with(&format!("{}\n\n{LIST}", mark_in(&streamed))), "{streamed:?}");
 }
@@ -508,7 +519,8 @@ async fn an_answer_that_begins_with_a_list_stays_a_list() {
 #[tokio::test]
 async fn a_first_answer_stopped_early_continues_on_its_thread() {
     let held_answer = Reply::sequence(vec![Reply::fault(Fault::Timeout), answer_reply()]);
-    let served = serve(with_weather_replies(Script::new().on_plain(held_answer)), options()).await;
+    let content_lines = ServerOptions { status_lines: StatusLines::Content, ..options() };
+    let served = serve(with_weather_replies(Script::new().on_plain(held_answer)), content_lines).await;
     let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
     let mut response = served.post(&body).send().await.unwrap();
     // Read until the status line of respond's held call: nothing more comes after it.
@@ -623,6 +635,38 @@ async fn open_webui_background_tasks_are_one_llm_call_on_no_thread() {
     assert_eq!(requests[0].messages(), only(prompt), "the prompt as it is");
     assert_eq!(requests[1].messages(), only("Summarize the chat so far."), "the prompt alone, no caller's system message");
     assert_eq!(requests[2].messages(), only(prompt));
+    assert!(served.threads().await.is_empty(), "no thread was read or written");
+}
+
+/// Open WebUI's emoji prompt (voice mode) and mixture-of-agents prompt carry no `### Task:` and
+/// no metadata once they reach a connection: they are recognised by their templates' text.
+#[tokio::test]
+async fn open_webui_emoji_and_moa_prompts_are_one_llm_call_on_no_thread() {
+    let script = Script::new()
+        .on_prompt_containing("fitting emoji", Reply::text("🎉").with_usage(60, 1))
+        .on_prompt_containing("Responses from models:", Reply::text("12 °C and partly cloudy.").with_usage(200, 8));
+    let served = serve(with_weather_replies(script), options()).await;
+    let emoji = "Your task is to reflect the speaker's likely facial expression through a fitting emoji. Interpret emotions from \
+                 the message and reflect their facial expression using fitting, diverse emojis (e.g., 😊, 😢, 😡, 😱).\n\n\
+                 Message: ```We won the match!```";
+    let moa = format!(
+        "You have been provided with a set of responses from various models to the latest user query: \"{QUESTION}\"\n\nYour \
+         task is to synthesize these responses into a single, high-quality response. It is crucial to critically evaluate the \
+         information provided in these responses, recognizing that some of it may be biased or incorrect. Your response should \
+         not simply replicate the given answers but should offer a refined, accurate, and comprehensive reply to the \
+         instruction. Ensure your response is well-structured, coherent, and adheres to the highest standards of accuracy and \
+         reliability.\n\nResponses from models: \"\"\"It is 12 °C.\"\"\"\n\n\"\"\"Partly cloudy.\"\"\""
+    );
+    for (prompt, answer) in [(emoji, "🎉"), (moa.as_str(), "12 °C and partly cloudy.")] {
+        let body = json!({"model": MODEL, "messages": [user(prompt)]});
+        let response = served.post(&body).header(CHAT_ID_HEADER, "chat-1").header(USER_ID_HEADER, "u1").send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        assert_eq!(content(&response.json().await.unwrap()), answer);
+    }
+    let requests = served.llm.chat_requests();
+    assert_eq!(requests.len(), 2, "one LLM call each, no agent turn: {requests:?}");
+    assert_eq!(requests[0].messages(), vec![("user".to_owned(), emoji.to_owned())]);
+    assert_eq!(requests[1].messages(), vec![("user".to_owned(), moa)]);
     assert!(served.threads().await.is_empty(), "no thread was read or written");
 }
 
@@ -773,4 +817,220 @@ async fn a_model_is_retrieved_by_id_and_wrong_methods_get_405() {
         assert!(error["error"]["message"].as_str().unwrap().contains(path), "{error}");
     }
     assert_eq!(served.llm.chat_requests().len(), 0);
+}
+
+/// What a `tracing` subscriber writes, kept for the test to read.
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl CapturedLog {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// `serve --log-file` at its default level showed nothing: every request gets one line (method,
+/// path, status, duration; a turn's thread), and no key, body or query string is ever written.
+#[tokio::test]
+async fn every_request_is_logged_once_without_its_key_body_or_query() {
+    const KEY: &str = "sk-logged-never-4711";
+    let log = CapturedLog::default();
+    // This test's runtime has one thread, which runs the server too: the subscriber sees its events.
+    let subscriber = tracing_subscriber::fmt().with_writer(log.clone()).with_ansi(false).with_max_level(tracing::Level::INFO).finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let served = serve(weather_script(), ServerOptions { api_keys: vec![Secret::new(KEY)], ..options() }).await;
+
+    let models = served.client.get(format!("{}/models?secret_query=hidden-value", served.url)).bearer_auth(KEY).send().await.unwrap();
+    assert_eq!(models.status().as_u16(), 200);
+    let refused = served.client.get(format!("{}/models", served.url)).bearer_auth("sk-wrong-0815").send().await.unwrap();
+    assert_eq!(refused.status().as_u16(), 401);
+    let (status, body) = served.chat_as(Some(KEY), json!([user("What's the weather in Prague? my-body-text")])).await;
+    assert_eq!(status, 200, "{body}");
+    let missing = served.client.get(format!("{}/nowhere", served.url)).bearer_auth(KEY).send().await.unwrap();
+    assert_eq!(missing.status().as_u16(), 404);
+
+    let threads = served.threads().await;
+    assert_eq!(threads.len(), 1, "{threads:?}");
+    let text = log.text();
+    let lines: Vec<&str> = text.lines().filter(|line| line.contains(peregrine_server::REQUEST_LOG_TARGET)).collect();
+    assert_eq!(lines.len(), 4, "one line per request:\n{text}");
+    let expected = [
+        ("method=GET path=/v1/models status=200 duration_ms=", None),
+        ("method=GET path=/v1/models status=401 duration_ms=", None),
+        ("method=POST path=/v1/chat/completions status=200 duration_ms=", Some(&threads[0])),
+        ("method=GET path=/v1/nowhere status=404 duration_ms=", None),
+    ];
+    for (line, (fields, thread)) in lines.iter().zip(expected) {
+        assert!(line.contains(" INFO ") && line.contains(fields), "{line}");
+        assert_eq!(thread.is_some_and(|thread| line.contains(&format!("thread={thread}"))), thread.is_some(), "{line}");
+        assert!(thread.is_some() || !line.contains("thread="), "{line}");
+    }
+    for secret in [KEY, "sk-wrong-0815", "Bearer", "secret_query", "hidden-value"] {
+        assert!(!text.contains(secret), "{secret:?} was logged:\n{text}");
+    }
+    assert!(lines.iter().all(|line| !line.contains("my-body-text") && !line.contains("Prague")), "no body in the request log");
+}
+
+/// A stream's content and its reasoning, each joined from the `data:` events in `text`; and
+/// whether every content delta came before the first reasoning delta (`None` without reasoning).
+fn content_and_reasoning(text: &str) -> (String, String) {
+    let deltas: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|event| event.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .map(|chunk| chunk["choices"][0]["delta"].clone())
+        .collect();
+    let joined = |field: &str| deltas.iter().filter_map(|delta| delta[field].as_str()).collect::<String>();
+    (joined("content"), joined("reasoning_content"))
+}
+
+#[tokio::test]
+async fn progress_is_streamed_as_reasoning_and_the_answers_text_is_the_mark_and_the_answer() {
+    let served = serve(weather_script(), options()).await;
+    let body = json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true});
+    let streamed = served.post(&body).send().await.unwrap().text().await.unwrap();
+    let (content, reasoning) = content_and_reasoning(&streamed);
+    let mark = mark_in(&content);
+    let answer = content.strip_prefix(&format!("{mark}\n\n")).unwrap_or_else(|| panic!("the mark and a blank line first: {content:?}"));
+    assert!(answer.starts_with("Here is the current weather.") && answer.contains("Weather in Prague"), "only the answer: {content:?}");
+    assert!(!content.contains('…'), "no progress in the answer's text: {content:?}");
+    assert!(reasoning.starts_with("understanding the request…\n"), "{reasoning:?}");
+    assert!(reasoning.contains("planning…\n") && reasoning.contains("step 1/2 current_weather…\n"), "{reasoning:?}");
+    assert!(reasoning.lines().all(|line| line.ends_with('…')), "a line per step: {reasoning:?}");
+    // The mark comes before any progress, so an answer stopped at any moment holds it.
+    let first_reasoning = streamed.find("reasoning_content").unwrap();
+    assert!(streamed.find('\u{2060}').is_some_and(|at| at < first_reasoning), "{streamed:?}");
+    for chunk in sse_events(&streamed).iter().filter(|event| *event != "[DONE]") {
+        let delta = &serde_json::from_str::<Value>(chunk).unwrap()["choices"][0]["delta"];
+        assert!(delta.get("content").is_none() || delta.get("reasoning_content").is_none(), "one kind per chunk: {delta}");
+    }
+
+    // Open WebUI resends the answer's text without the reasoning: the conversation goes on.
+    let threads = served.threads().await;
+    let body = json!({"model": MODEL, "messages": [user(QUESTION), assistant(&content), user("And now?")], "stream": true});
+    let (second, second_reasoning) = content_and_reasoning(&served.post(&body).send().await.unwrap().text().await.unwrap());
+    assert_eq!(served.threads().await, threads, "the first turn's thread");
+    assert_eq!(served.user_messages(&threads[0]).await, 2);
+    assert!(second.starts_with(&format!("{mark}\n\n")) && !second.contains('…'), "{second:?}");
+    assert!(!second_reasoning.is_empty());
+}
+
+/// Streams `body` and reads until the respond step's LLM call is held (its progress came and the
+/// scripted server has the call), then drops the stream, as Open WebUI's Stop button does.
+/// Returns the content received.
+async fn stop_while_respond_is_held(served: &Served, body: &Value) -> String {
+    let mut response = served.post(body).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    // Bytes, not text: a chunk may end inside a character.
+    let mut received = Vec::new();
+    while !content_and_reasoning(&String::from_utf8_lossy(&received)).1.contains("respond…\n") {
+        let chunk = tokio::time::timeout(Duration::from_secs(20), response.chunk()).await.expect("more of the stream").unwrap();
+        received.extend_from_slice(&chunk.expect("the stream goes on"));
+    }
+    wait_until("respond's LLM call is held", async || served.calls(LlmCall::Respond) == 1).await;
+    drop(response);
+    content_and_reasoning(&String::from_utf8_lossy(&received)).0
+}
+
+/// Sends `body` until its thread is no longer busy (a stopped turn frees it a moment later).
+async fn post_when_free(served: &Served, body: &Value) -> (u16, String) {
+    let mut answered = (0, String::new());
+    wait_until("the stopped turn frees its thread", async || {
+        let response = served.post(body).send().await.unwrap();
+        answered = (response.status().as_u16(), response.text().await.unwrap());
+        !answered.1.contains("thread_busy")
+    })
+    .await;
+    answered
+}
+
+#[tokio::test]
+async fn continue_response_finishes_the_turn_the_client_stopped() {
+    let held_answer = Reply::sequence(vec![Reply::fault(Fault::Timeout), answer_reply()]);
+    let served = serve(with_weather_replies(Script::new().on_plain(held_answer)), options()).await;
+    let kept = stop_while_respond_is_held(&served, &json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true})).await;
+    let mark = mark_in(&kept);
+    assert_eq!(kept, format!("{mark}\n\n"), "stopped before the answer: its text is the mark alone");
+    let threads = served.threads().await;
+    assert_eq!(threads.len(), 1, "{threads:?}");
+
+    // "Continue Response": the history up to the stopped answer, as Open WebUI sends it.
+    let body =
+        json!({"model": MODEL, "messages": [{"role": "system", "content": "Be brief."}, user(QUESTION), assistant(&kept)], "stream": true});
+    let (status, streamed) = post_when_free(&served, &body).await;
+    assert_eq!(status, 200, "{streamed}");
+    let (content, _) = content_and_reasoning(&streamed);
+    assert!(content.starts_with("Here is the current weather.") && content.contains("Weather in Prague"), "{content:?}");
+    assert!(!content.contains('\u{2060}'), "the continued answer already holds the mark: {content:?}");
+    assert_eq!(served.threads().await, threads, "on the conversation's thread");
+    assert_eq!(served.user_messages(&threads[0]).await, 1, "the stopped turn was finished, no new one started");
+    assert_eq!(served.calls(LlmCall::Respond), 2, "the cut-off respond step ran again");
+    assert_eq!(served.calls(LlmCall::Orchestrator), 1, "the finished steps did not: no new plan");
+    assert_eq!(served.calls(LlmCall::CurrentWeather), 1, "{:?}", call_counts(&served.llm.chat_requests()));
+
+    // Finished: continuing again is refused, saying why.
+    let answered = format!("{kept}{content}");
+    let again = served.post(&json!({"model": MODEL, "messages": [user(QUESTION), assistant(&answered)]})).send().await.unwrap();
+    assert_eq!(again.status().as_u16(), 409);
+    assert_eq!(again.headers().get("x-should-retry").map(|value| value.to_str().unwrap()), Some("false"));
+    let body: Value = again.json().await.unwrap();
+    assert_error(&body, Some("nothing_to_continue"));
+    assert!(body["error"]["message"].as_str().unwrap().contains("continue"), "{body}");
+    assert_eq!(served.calls(LlmCall::Respond), 2);
+}
+
+#[tokio::test]
+async fn continue_response_of_a_non_stream_answer_with_text_opens_with_the_cut_note() {
+    let held_answer = Reply::sequence(vec![Reply::fault(Fault::Timeout), answer_reply()]);
+    let served = serve(with_weather_replies(Script::new().on_plain(held_answer)), options()).await;
+    let kept = stop_while_respond_is_held(&served, &json!({"model": MODEL, "messages": [user(QUESTION)], "stream": true})).await;
+    // An answer cut off after some of its text (the scripted call sends none before it is held).
+    let cut = format!("{kept}The weather in Pra");
+    let (status, body) = post_when_free(&served, &json!({"model": MODEL, "messages": [user(QUESTION), assistant(&cut)]})).await;
+    assert_eq!(status, 200, "{body}");
+    let answer = content(&serde_json::from_str(&body).unwrap());
+    let rest = answer.strip_prefix("\n\n_(the answer was cut off)_\n\n").unwrap_or_else(|| panic!("the note first: {answer:?}"));
+    assert!(rest.starts_with("Here is the current weather.") && rest.contains("Weather in Prague"), "{answer:?}");
+}
+
+#[tokio::test]
+async fn continue_response_without_a_cut_off_turn_says_there_is_nothing_to_continue() {
+    let served = serve(weather_script(), options()).await;
+    // A conversation this server has no thread for.
+    let (status, body) = served.chat(json!([user("hello"), assistant("Hi! How can I help?")])).await;
+    assert_eq!(status, 409, "{body}");
+    assert_error(&body, Some("nothing_to_continue"));
+    // A finished turn, and an approval prompt that waits for its answer.
+    let (_, answered) = served.chat(json!([user(QUESTION)])).await;
+    let (status, body) = served.chat(json!([user(QUESTION), assistant(&content(&answered))])).await;
+    assert_eq!(status, 409, "{body}");
+    assert_error(&body, Some("nothing_to_continue"));
+    let (_, asked) = served.chat(json!([user(PLANNING)])).await;
+    let (status, body) = served.chat(json!([user(PLANNING), assistant(&content(&asked))])).await;
+    assert_eq!(status, 409, "{body}");
+    assert_error(&body, Some("nothing_to_continue"));
+    assert!(body["error"]["message"].as_str().unwrap().contains("approval"), "{body}");
+    // A trailing tool message is still a bad request.
+    let (status, body) = served.chat(json!([user(QUESTION), {"role": "tool", "content": "42", "tool_call_id": "c"}])).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(served.threads().await.len(), 2, "no thread was created for the refused requests");
 }

@@ -186,14 +186,15 @@ async fn the_client_gets_a_non_stream_answer_with_usage() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_client_reads_a_stream_with_status_lines_and_usage() {
+async fn the_client_reads_a_stream_with_progress_as_reasoning_and_usage() {
     if !openai_client_available() {
         return;
     }
     let served = serve().await;
     let observed = run_check(&served, "stream").await;
     let content = text(&observed, "/content");
-    assert!(content.contains("> planning…"), "status lines come first: {content:?}");
+    let reasoning = text(&observed, "/reasoning");
+    assert!(reasoning.contains("planning…\n") && !content.contains('…'), "progress as reasoning: {reasoning:?} {content:?}");
     let second = text(&observed, "/second_content");
     let mark: String = second.chars().take(65).collect();
     assert!(
@@ -202,7 +203,7 @@ async fn the_client_reads_a_stream_with_status_lines_and_usage() {
             && second == format!("{mark}\n\n"),
         "the chunk after the role's is the mark and a blank line: {second:?}"
     );
-    assert!(content.starts_with(&format!("{mark}\n\n> ")), "{content:?}");
+    assert!(content.starts_with(&format!("{mark}\n\nHere is the current weather.")), "the mark, then the answer: {content:?}");
     assert!(content.contains("Weather in Prague"), "{content:?}");
     assert_eq!(observed["finish_reasons"], serde_json::json!(["stop"]), "{observed}");
     assert_eq!(observed["first_role"], "assistant", "{observed}");
@@ -235,8 +236,7 @@ async fn the_client_raises_typed_errors() {
     let error = |name: &str| (observed[name]["error"].clone(), observed[name]["status_code"].clone(), observed[name]["code"].clone());
     assert_eq!(error("wrong_key"), ("AuthenticationError".into(), 401.into(), "invalid_api_key".into()), "{observed}");
     assert_eq!(error("unknown_model"), ("NotFoundError".into(), 404.into(), "model_not_found".into()), "{observed}");
-    assert_eq!((error("assistant_last").0, error("assistant_last").1), ("BadRequestError".into(), 400.into()), "{observed}");
-    assert_eq!(observed["assistant_last"]["param"], "messages", "{observed}");
+    assert_eq!(error("assistant_last"), ("ConflictError".into(), 409.into(), "nothing_to_continue".into()), "{observed}");
     for (name, param) in [("two_choices", "n"), ("json_output", "response_format"), ("forced_tool", "tool_choice")] {
         assert_eq!(error(name), ("BadRequestError".into(), 400.into(), "unsupported_value".into()), "{name}: {observed}");
         assert_eq!(observed[name]["param"], param, "{observed}");
@@ -252,7 +252,10 @@ async fn the_client_answers_a_streamed_approval_with_the_history_it_streamed() {
     }
     let served = serve().await;
     let observed = run_check(&served, "approval_stream").await;
-    assert!(text(&observed, "/prompt").contains("> planning…"), "{observed}");
+    assert!(
+        text(&observed, "/prompt").contains("HUMAN APPROVAL REQUIRED") && !text(&observed, "/prompt").contains("> planning…"),
+        "{observed}"
+    );
     assert!(text(&observed, "/answer").contains("Weather in Prague"), "{observed}");
     assert_eq!(served.calls(LlmCall::Orchestrator), 1, "the approved plan runs without planning again");
     assert_eq!(served.calls(LlmCall::CurrentWeather), 1);

@@ -226,7 +226,7 @@ async fn task_extraction_failing_every_time_exhausts_its_retries_into_a_report()
     let turn = harness.faulty_turn().await;
     assert_report(&turn, "RETRIABLE", USER_QUESTION, "task_extraction", "task_extraction (infrastructure node)", ANALYSIS);
     assert!(turn.response().contains("LLM role 'task_extraction' via vllm"), "{}", turn.response());
-    assert!(turn.response().contains("Retry attempts: 2"), "{}", turn.response());
+    assert!(turn.response().contains("The failed operation ran 3 times: the agent retried it 2 times"), "{}", turn.response());
     assert_eq!(turn.counts(), counts(&[(TaskExtraction, 3), (ErrorAnalysis, 1)]));
     assert_eq!(turn.started, started(&[("task_extraction", 3), ("error", 1)]));
     assert_eq!(turn.waits, backoff("task_extraction", RetryPolicy::task_extraction(), 2));
@@ -270,7 +270,12 @@ async fn classifier_rate_limited_every_time_exhausts_its_retries_into_a_report()
     let harness = Harness::start(vec![(Classifier, Reply::fault(Fault::RateLimited { retry_after_secs: 1 }))]).await;
     let turn = harness.faulty_turn().await;
     assert_report(&turn, "RETRIABLE", PRAGUE_TASK, "classifier", "classifier (infrastructure node)", ANALYSIS);
-    assert!(turn.response().contains("rate limited (429)") && turn.response().contains("Retry attempts: 3"), "{}", turn.response());
+    assert!(
+        turn.response().contains("rate limited (429)")
+            && turn.response().contains("The failed operation ran 4 times: the agent retried it 3 times"),
+        "{}",
+        turn.response()
+    );
     assert_eq!(turn.counts(), counts(&[(TaskExtraction, 1), (Classifier, 4), (ErrorAnalysis, 1)]));
     assert_eq!(turn.started, started(&[("task_extraction", 1), ("classifier", 4), ("error", 1)]));
     assert_eq!(turn.waits, backoff("classifier", RetryPolicy::classifier(), 3));
@@ -284,7 +289,7 @@ async fn classifier_refused_key_is_critical_and_reported_without_retries() {
     let harness = Harness::start(vec![(Classifier, Reply::fault(Fault::Unauthorized))]).await;
     let turn = harness.faulty_turn().await;
     assert_report(&turn, "CRITICAL", PRAGUE_TASK, "classifier", "classifier (infrastructure node)", ANALYSIS);
-    assert!(turn.response().contains("Retry attempts: 0"), "{}", turn.response());
+    assert!(turn.response().contains("The failed operation ran once; it was not retried."), "{}", turn.response());
     assert_eq!(turn.counts(), counts(&[(TaskExtraction, 1), (Classifier, 1), (ErrorAnalysis, 1)]));
     assert_eq!(turn.started, started(&[("task_extraction", 1), ("classifier", 1), ("error", 1)]));
     assert!(turn.waits.is_empty());

@@ -140,17 +140,20 @@ impl Style {
 pub type Redactor = std::sync::Arc<dyn Fn(&str) -> String + Send + Sync>;
 
 /// Sends `tracing` diagnostics to stderr (or `file`), filtered by `PEREGRINE_LOG`, else by
-/// `level` (`logging.level`), else by the verbosity; every line passes through `redact` (the
-/// configuration's secrets) before it is written. Idempotent.
+/// `level` (`logging.level`), else by the verbosity (by default warnings, and `serve`'s request
+/// log: one line per HTTP request); every line passes through `redact` (the configuration's
+/// secrets) before it is written. Idempotent.
 pub fn init_tracing(verbosity: Verbosity, level: Option<&str>, file: Option<&Path>, color: bool, redact: Redactor) -> anyhow::Result<()> {
-    let default = match verbosity {
-        Verbosity::Quiet => "error",
-        Verbosity::Normal => level.unwrap_or("warn"),
-        Verbosity::Verbose => {
-            "warn,peregrine=debug,peregrine_agent=debug,peregrine_llm=debug,peregrine_graph=info,peregrine_capabilities=debug"
-        }
+    let requests = peregrine_server::REQUEST_LOG_TARGET;
+    let default = match (verbosity, level) {
+        (Verbosity::Quiet, _) => "error".to_owned(),
+        (Verbosity::Normal, Some(level)) => level.to_owned(),
+        (Verbosity::Normal, None) => format!("warn,{requests}=info"),
+        (Verbosity::Verbose, _) => "warn,peregrine=debug,peregrine_agent=debug,peregrine_llm=debug,peregrine_graph=info,\
+                                    peregrine_capabilities=debug,peregrine_server=debug"
+            .to_owned(),
     };
-    let filter = EnvFilter::try_from_env("PEREGRINE_LOG").or_else(|_| EnvFilter::try_new(default))?;
+    let filter = EnvFilter::try_from_env("PEREGRINE_LOG").or_else(|_| EnvFilter::try_new(&default))?;
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
     let result = match file {
         Some(path) => {

@@ -10,6 +10,7 @@ use peregrine::core::state::ApprovalMode;
 use peregrine_agent::ClassifierMode;
 use peregrine_core::approval::PythonApprovalMode;
 use peregrine_llm::ModelConfig;
+use peregrine_server::StatusLines;
 
 const CBORG_KEY: &str = "cborg-test-key-7f3a9c2e41d8";
 
@@ -709,8 +710,26 @@ fn the_server_section_defaults_to_loopback_and_hides_its_keys() {
     assert_eq!((config.server.host.as_str(), config.server.port, config.server.api_keys.len()), ("127.0.0.1", 8000, 0));
     let text = "server:\n  host: 0.0.0.0\n  port: 9090\n  api_keys:\n    - ${SERVE_KEY}\n    - second-key-123456\n  status_lines: no\n";
     let config = Config::from_text(text, &path, &env(&[("SERVE_KEY", "first-key-abcdef")])).expect("loads");
-    assert_eq!((config.server.host.as_str(), config.server.port, config.server.status_lines), ("0.0.0.0", 9090, false));
+    assert_eq!((config.server.host.as_str(), config.server.port, config.server.status_lines), ("0.0.0.0", 9090, StatusLines::Off));
     assert_eq!(config.server.api_keys.iter().map(|key| key.expose()).collect::<Vec<_>>(), ["first-key-abcdef", "second-key-123456"]);
+    assert_eq!(config.redacted()["server"]["status_lines"], "off");
+    // Progress as reasoning by default; the words, the old booleans and a variable all read.
+    assert_eq!(Config::from_text("server: {}\n", &path, &env(&[])).expect("loads").server.status_lines, StatusLines::Reasoning);
+    for (written, mode) in [
+        ("content", StatusLines::Content),
+        ("reasoning", StatusLines::Reasoning),
+        ("off", StatusLines::Off),
+        ("true", StatusLines::Reasoning),
+        ("yes", StatusLines::Reasoning),
+        ("false", StatusLines::Off),
+        ("${STATUS_LINES}", StatusLines::Content),
+    ] {
+        let text = format!("server:\n  status_lines: {written}\n");
+        let config = Config::from_text(&text, &path, &env(&[("STATUS_LINES", "content")])).expect(written);
+        assert_eq!(config.server.status_lines, mode, "{written}");
+    }
+    let error = Config::from_text("server:\n  status_lines: loud\n", &path, &env(&[])).expect_err("not a mode");
+    assert_eq!((error.line, error.key.as_deref()), (Some(2), Some("server.status_lines")), "{error}");
     let shown = config.redacted().to_string() + &format!("{config:?}");
     assert!(!shown.contains("first-key-abcdef") && !shown.contains("second-key-123456"), "{shown}");
     assert_eq!(config.redact("key second-key-123456 used"), "key *** used");

@@ -58,7 +58,7 @@ impl Drop for Server {
 async fn serve_answers_openai_requests_with_the_configured_key() {
     let llm = ScriptedLlmServer::start(weather_script()).await;
     let dir = project(&llm.base_url());
-    let mut child = command(dir.path(), &["serve", "--port", "0"]).spawn().expect("serve starts");
+    let mut child = command(dir.path(), &["serve", "--port", "0", "--log-file", "serve.log"]).spawn().expect("serve starts");
     let stdout = child.stdout.take().expect("stdout");
     let mut server = Server(Some(child));
     let address = tokio::task::spawn_blocking(move || {
@@ -131,6 +131,14 @@ async fn serve_answers_openai_requests_with_the_configured_key() {
         .expect("wait");
     assert_eq!(status.code(), Some(0), "{status:?}");
     llm.shutdown().await;
+
+    // The log file, at the default level, has one line per request, and never the key.
+    let log = std::fs::read_to_string(dir.path().join("serve.log")).expect("the log file");
+    let requests: Vec<&str> = log.lines().filter(|line| line.contains(" INFO ") && line.contains(" status=")).collect();
+    assert_eq!(requests.len(), 6, "one line per request:\n{log}");
+    assert!(requests[0].contains("method=GET path=/v1/models status=401 duration_ms="), "{log}");
+    assert!(requests[2].contains("method=POST path=/v1/chat/completions status=200") && requests[2].contains("thread=oai-"), "{log}");
+    assert!(!log.contains(SERVE_KEY), "the key is never logged:\n{log}");
 }
 
 #[test]

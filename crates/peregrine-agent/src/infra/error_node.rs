@@ -1,6 +1,7 @@
 //! The error node (reference §2.9): ends a failed turn with one assistant message — a
 //! structured report built without an LLM (severity, task, failed operation, the
-//! classification's `format_for_llm` block, execution stats and a per-step summary) followed by
+//! classification's `format_for_llm` block, execution stats, how often the failed operation ran,
+//! and a per-step summary) followed by
 //! a short LLM analysis, or a fixed text when that call fails. A failure of the node itself is
 //! FATAL, so the router aborts instead of looping back into error handling.
 
@@ -50,8 +51,10 @@ pub struct ErrorSummary {
     pub total_operations: usize,
     /// Time since the turn started (or the failed operation's time when unknown).
     pub execution_time: Duration,
-    /// Retries of the failing operation before it gave up.
-    pub retry_attempts: u32,
+    /// How many times the agent retried the failed operation before it gave up (a provider's
+    /// transport retries inside one model call are not counted); `None` when no operation
+    /// failed (the cause was synthesized: a kill switch, a plan that ran out).
+    pub retry_attempts: Option<u32>,
 }
 
 impl ErrorSummary {
@@ -80,7 +83,8 @@ impl ErrorSummary {
                     capability,
                     total_operations,
                     execution_time: turn_time.unwrap_or(Duration::from_millis(info.execution_time_ms)),
-                    retry_attempts: state.control.retry_count.saturating_sub(1),
+                    // The failing node's consecutive failures, this one included.
+                    retry_attempts: Some(state.control.retry_count.saturating_sub(1)),
                 }
             }
             None => {
@@ -92,7 +96,7 @@ impl ErrorSummary {
                     capability: None,
                     total_operations,
                     execution_time: turn_time.unwrap_or_default(),
-                    retry_attempts: 0,
+                    retry_attempts: None,
                 }
             }
         }
@@ -154,16 +158,35 @@ pub fn structured_report(summary: &ErrorSummary, steps: &[StepRecord], timestamp
     }
     lines.push(truncate(&summary.classification.format_for_llm(), MAX_REPORT_ERROR_CHARS).into_owned());
     lines.push(format!(
-        "**Execution Stats:** Total operations: {}, Execution time: {:.1}s, Retry attempts: {}",
+        "**Execution Stats:** Total operations: {}, Execution time: {:.1}s",
         summary.total_operations,
         summary.execution_time.as_secs_f64(),
-        summary.retry_attempts
     ));
+    if let Some(retries) = summary.retry_attempts {
+        lines.push(format!("**Attempts:** {}", attempts_text(retries)));
+    }
     if !steps.is_empty() {
         lines.push("**Execution Summary:**".to_owned());
         lines.extend(steps.iter().map(step_line));
     }
     lines.join("\n")
+}
+
+/// How often the failed operation ran, in words. The count is the agent's own retries of the
+/// operation; a provider's `max_retries` (retries inside one model call) is another count, which
+/// people otherwise take this one for.
+fn attempts_text(retries: u32) -> String {
+    match retries {
+        0 => "The failed operation ran once; it was not retried.".to_owned(),
+        1 => "The failed operation ran 2 times: the agent retried it once (retries inside one model call, set by a provider's \
+              max_retries, are not counted here)."
+            .to_owned(),
+        _ => format!(
+            "The failed operation ran {} times: the agent retried it {retries} times (retries inside one model call, set by a \
+             provider's max_retries, are not counted here).",
+            retries.saturating_add(1)
+        ),
+    }
 }
 
 fn step_line(record: &StepRecord) -> String {

@@ -101,8 +101,9 @@ pub struct ServerConfig {
     pub body_timeout: std::time::Duration,
     /// Origins whose web pages may use a server without keys (default none: its own page only).
     pub allowed_origins: Vec<String>,
-    /// Whether streamed answers start with progress lines (default true).
-    pub status_lines: bool,
+    /// How streamed answers show the agent's progress: as reasoning (the default), as content
+    /// lines before the answer, or not at all.
+    pub status_lines: peregrine_server::StatusLines,
 }
 
 impl Default for ServerConfig {
@@ -118,7 +119,7 @@ impl Default for ServerConfig {
             header_timeout: peregrine_server::DEFAULT_HEADER_TIMEOUT,
             body_timeout: peregrine_server::DEFAULT_BODY_TIMEOUT,
             allowed_origins: Vec::new(),
-            status_lines: true,
+            status_lines: Default::default(),
         }
     }
 }

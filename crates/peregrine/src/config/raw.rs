@@ -193,6 +193,8 @@ pub(crate) struct RawServer {
     pub api_keys: Option<Vec<String>>,
     #[serde(default)]
     pub max_body_bytes: Option<PositiveCount>,
+    /// `reasoning`, `content` or `off`; `true` and `false` (the booleans of earlier versions) read
+    /// as `reasoning` and `off`.
     #[serde(default)]
     pub max_message_bytes: Option<PositiveCount>,
     #[serde(default)]
@@ -206,7 +208,7 @@ pub(crate) struct RawServer {
     #[serde(default)]
     pub allowed_origins: Option<Vec<String>>,
     #[serde(default)]
-    pub status_lines: Option<bool>,
+    pub status_lines: Option<peregrine_server::StatusLines>,
 }
 
 /// `checkpointer.type`.

@@ -60,7 +60,7 @@ pub(crate) fn effective(config: &Config) -> Value {
             "header_timeout_seconds": config.server.header_timeout.as_secs(),
             "body_timeout_seconds": config.server.body_timeout.as_secs(),
             "allowed_origins": config.server.allowed_origins,
-            "status_lines": config.server.status_lines,
+            "status_lines": config.server.status_lines.as_str(),
         },
         "logging": {
             "level": config.logging.level,

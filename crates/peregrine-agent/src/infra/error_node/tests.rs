@@ -97,7 +97,8 @@ async fn acceptance_case_20_the_report_and_the_analysis() {
         "**Capability:** channel_read",
         "**Previous Execution Error:**\n- **User Message:** Channel read timed out\n- **Technical Details:** SR:DCCT timed out after 5 s",
         "**Execution Stats:** Total operations: 2, Execution time: 2.",
-        "s, Retry attempts: 2",
+        "**Attempts:** The failed operation ran 3 times: the agent retried it 2 times (retries inside one model call, set by a \
+         provider's max_retries, are not counted here).",
         "**Execution Summary:**\n✅ Step 1: Find the channel (channel_finding)\n❌ Step 2: Read the beam current (channel_read) - Failed: timeout",
     ] {
         assert!(text.contains(expected), "{expected:?} missing from:\n{text}");
@@ -161,6 +162,43 @@ fn without_a_recorded_error_the_cause_is_synthesized_as_critical() {
     let report = structured_report(&summary, &[], "2026-01-01 00:00:00");
     assert!(report.contains("**Error Severity:** CRITICAL") && report.contains("**Failed Operation:** Plan step 2"));
     assert!(!report.contains("**Execution Summary:**"), "no summary without step records");
+}
+
+/// Open WebUI showed "Technical Details: Server { status: 500 }" and "Retry attempts: 2" with
+/// `max_retries: 0`: the report says what happened in words and whose retries it counts.
+#[test]
+fn a_model_failure_is_reported_in_words_with_the_retries_the_agent_made() {
+    let failure =
+        LlmError::new(LlmErrorKind::Server { status: 500 }, "vllm", "qwen", "the provider failed (500): boom").with_role("task_extraction");
+    let report_after = |failures: u32| {
+        let mut state = failed_state("unused");
+        state.control.retry_count = failures;
+        if let Some(info) = state.control.error_info.as_mut() {
+            info.node = "task_extraction".into();
+            info.node_kind = NodeKind::Infrastructure;
+            info.classification = failure.classification();
+        }
+        let summary = ErrorSummary::from_state(&state, &Catalog::default(), Utc::now());
+        structured_report(&summary, &state.execution.step_results, "2026-01-01 00:00:00")
+    };
+    let report = report_after(3);
+    assert!(
+        report.contains("- **Technical Details:** the model provider failed with a server error (HTTP 500)"),
+        "the kind in words: {report}"
+    );
+    assert!(!report.contains("Server {") && !report.contains("status:"), "no Rust debug output: {report}");
+    assert!(report.contains("**Attempts:** The failed operation ran 3 times: the agent retried it 2 times"), "{report}");
+    assert!(report.contains("not counted here"), "the provider's own retries are another count: {report}");
+    assert!(!report.contains("Retry attempts"), "{report}");
+    let once = report_after(1);
+    assert!(once.contains("**Attempts:** The failed operation ran once; it was not retried."), "{once}");
+    assert!(report_after(2).contains("**Attempts:** The failed operation ran 2 times: the agent retried it once"));
+
+    // A synthesized cause (nothing ran and failed) has no attempts to count.
+    let mut killed = AgentState::default();
+    killed.control.is_killed = true;
+    let summary = ErrorSummary::from_state(&killed, &Catalog::default(), Utc::now());
+    assert!(!structured_report(&summary, &[], "2026-01-01 00:00:00").contains("**Attempts:**"));
 }
 
 #[test]
