@@ -125,4 +125,3 @@ async fn every_request_is_logged_once_without_its_key_body_or_query() {
     }
     assert!(lines.iter().all(|line| !line.contains("my-body-text") && !line.contains("Prague")), "no body in the request log");
 }
-
