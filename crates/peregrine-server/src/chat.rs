@@ -32,7 +32,7 @@ use crate::request::{BackgroundTask, ChatRequest, Conversation, TurnInput};
 use crate::request_log::LoggedThread;
 
 /// How long a stream may send nothing before it sends [`KEEP_ALIVE`], so that proxies do not cut
-/// a long turn; also how long a stream waits for its turn to start before it answers anyway.
+/// a long turn. (Before the run has started, which acknowledges the message, nothing is sent.)
 pub(crate) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 /// The SSE comment a silent stream sends (clients ignore comments).
 const KEEP_ALIVE: &str = ": keep-alive\n\n";
@@ -141,14 +141,15 @@ fn refusal(error: ApiError) -> Response {
 /// Authenticates, reads and checks the request, then answers a background task directly, or
 /// claims the conversation's thread (its id goes into `thread`) and answers with a turn.
 async fn answer(state: &Arc<ServerState>, headers: &HeaderMap, body: Body, thread: &mut Option<String>) -> Result<Response, ApiError> {
-    let (caller, slot) = match state.keys.authenticate(headers).and_then(|caller| Ok((caller, state.turn_slots.take()?))) {
-        Ok(admitted) => admitted,
+    let caller = match state.keys.authenticate(headers) {
+        Ok(caller) => caller,
         Err(error) => {
             drain(body).await;
             return Err(error);
         }
     };
-    let body = read_body(headers, body, state.body_limits).await?;
+    let body = read_body(headers, body, &state.body_limits).await?;
+    let slot = state.turn_slots.take()?;
     let request = ChatRequest::parse(&body)?;
     if request.model != state.model_id {
         return Err(ApiError::model_not_found(&request.model, &state.model_id));
@@ -391,13 +392,12 @@ async fn send(
     };
     // An approval answered in a turn that was then cut off (the client disconnected right
     // after "yes") holds an answer its node has not taken yet: the engine takes no new run on
-    // such a thread, so the approved action is finished first, from its last checkpoint, and
-    // its result is this request's answer (the new message is not sent). Any other cut-off
-    // turn is simply left behind by the new message.
+    // such a thread. The message is refused (never answered with that turn's result as if it
+    // had been taken); Continue Response finishes the approved action. Any other cut-off turn
+    // is simply left behind by the new message.
     let snapshot = agent.graph().get_state(thread_id).await?;
     if snapshot.as_ref().is_some_and(|snapshot| snapshot.meta.resume.is_some()) {
-        tracing::info!(thread = %thread_id, "finishing the conversation's cut-off turn before anything else");
-        return agent.continue_turn(thread_id, options).await;
+        return Err(AgentError::Run(peregrine_graph::RunError::PendingResume { thread_id: thread_id.into(), node: String::new() }));
     }
     let result = crate::native::retry_while_held(&options.cancel, || agent.send(thread_id, &input, session, options.clone())).await;
     log_end(state, thread_id, &result);
@@ -416,7 +416,7 @@ fn fallback_text(result: &TurnResult) -> Option<&'static str> {
     match result.status {
         TurnStatus::InterfaceCommand => Some("This command works only in the terminal chat (peregrine chat)."),
         TurnStatus::Exit => Some("There is nothing to leave here; start a new chat instead."),
-        TurnStatus::Cancelled => Some("The turn was cancelled; send the message again to continue."),
+        TurnStatus::Cancelled => Some("The turn was stopped; your message is kept. Continue the answer (Continue Response) to finish it."),
         _ => None,
     }
 }

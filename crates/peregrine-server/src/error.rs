@@ -151,7 +151,7 @@ impl ApiError {
     /// 503 `server_overloaded` with `Retry-After`: `server.max_turns_in_flight` turns run already.
     pub fn overloaded(limit: usize, retry_after_seconds: u64) -> Self {
         let message = format!(
-            "The server is running as many turns as it is configured for ({limit}, server.max_turns_in_flight); nothing was started. Send the request again in a few seconds."
+            "The server is handling as many requests as it is configured for ({limit} at once, server.max_turns_in_flight); nothing was started. Send the request again in a few seconds."
         );
         let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("server_overloaded"), message);
         error.retry_after_seconds = Some(retry_after_seconds);
@@ -213,6 +213,11 @@ impl From<AgentError> for ApiError {
         match error {
             AgentError::Gateway(error) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", None, error.to_string()),
             AgentError::Run(RunError::Checkpoint(CheckpointError::ThreadBusy { .. })) => ApiError::thread_busy(),
+            AgentError::Run(RunError::PendingResume { .. }) => ApiError::conflict(
+                "unfinished_run",
+                "The previous turn was cut off after its approval was given, so the approved action has not finished; nothing was \
+                 sent. Continue that answer first (Open WebUI: Continue Response), then send your message again.",
+            ),
             AgentError::Run(error) => ApiError::server_error(format!("The agent could not finish the turn: {error}")),
             other => ApiError::server_error(format!("The agent could not handle the message: {other}")),
         }

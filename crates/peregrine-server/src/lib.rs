@@ -42,12 +42,12 @@
 //! error node, or a run was cut off: then `resumable` is true).
 //!
 //! Runs (`POST` bodies: exactly one of `{"input": "text"}`, `{"resume": {"approved": bool,
-//! "interrupt_id"?: "…", "plan"?: <edited plan>}}`, `{"resume": {"interrupt_id": "…", "answer":
+//! "interrupt_id": "…", "plan"?: <edited plan>}}`, `{"resume": {"interrupt_id": "…", "answer":
 //! "text"}}` (an approval answered in words: yes/no keywords, else the LLM reads them),
 //! `{"continue": true}`; optional `"user"`). A message (`input`) is never taken as an approval's
 //! answer: on a thread waiting for one it is refused with 409 `approval_pending`, and an answer
-//! must come as a `resume` (with the `interrupt_id` of the question shown, so an answer never
-//! reaches a question asked after it was given: 409 `stale_approval`).
+//! comes as a `resume` naming the question shown by its `interrupt_id` (400 without it), so an
+//! answer never reaches a question asked after it was given: 409 `stale_approval`.
 //! - `POST /threads/{id}/runs` → 201 Run, once the run holds the thread and its input (message
 //!   or answer) is durable in the checkpoint store (409 `thread_busy` if another run holds it); `POST …/runs/stream` → its events as SSE; `POST …/runs/wait` → the Run
 //!   once it ended.
@@ -116,7 +116,10 @@
 //! # Limits
 //! - [`ServerOptions::max_turns_in_flight`] (default 256): turns running at once (chat
 //!   completions, background tasks, runs); one more is refused with 503 `server_overloaded` and
-//!   `Retry-After: 2` before its body is read or anything starts.
+//!   `Retry-After: 2` before anything starts. Twice as many request bodies may be read at once
+//!   (on every route that reads one, after the key is checked); one more is refused the same
+//!   way, unread, so that slow senders hold no turn's place and the memory of bodies in flight
+//!   is bounded (2 × 256 × 1 MiB by default).
 //! - [`ServerOptions::max_message_bytes`] (default 256 KiB): a message's text (the last user
 //!   message, a run's `input` or `answer`); larger: 413 `message_too_large`.
 //! - [`ServerOptions::max_body_bytes`] (default 1 MiB): 413 `request_too_large`;
@@ -124,7 +127,8 @@
 //!   body is read to its end (up to 16 MiB, 5 s) so that the client reads the answer.
 //! - [`serve`] with [`ConnectionLimits`]: a connection must send a whole request head within
 //!   30 s of opening or of its previous answer (an idle keep-alive connection is closed then),
-//!   and at most 4,096 are open at once.
+//!   a write that waits 60 s for the client to read closes it, and at most 4,096 are open at
+//!   once.
 //!
 //! # Requests
 //! `POST /v1/chat/completions` reads `model` (the served id), `messages`, `stream`,
@@ -344,7 +348,7 @@ use tokio_util::task::TaskTracker;
 
 pub use error::ApiError;
 pub use limits::{DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_TURNS_IN_FLIGHT};
-pub use listen::{ConnectionLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, serve};
+pub use listen::{ConnectionLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_WRITE_TIMEOUT, serve};
 pub use progress::StatusLines;
 pub use request::{CHAT_ID_HEADER, DEFAULT_USER, INTERFACE, SESSION_ID_HEADER, USER_ID_HEADER};
 pub use request_log::REQUEST_LOG_TARGET;
@@ -465,7 +469,9 @@ impl Server {
             agent_data_dir,
         } = options;
         let stopping = CancellationToken::new();
-        let guard = Arc::new(guard::BrowserGuard::new(!api_keys.is_empty(), &allowed_origins));
+        let keys = auth::ApiKeys::new(&api_keys);
+        // Keyed exactly when keys are checked (blank keys are dropped there).
+        let guard = Arc::new(guard::BrowserGuard::new(keys.required(), &allowed_origins));
         let allowed_origins = allowed_origins
             .iter()
             .filter_map(|origin| guard::normalise_origin(origin))
@@ -474,8 +480,8 @@ impl Server {
         let state = chat::ServerState {
             agent,
             model_id,
-            keys: auth::ApiKeys::new(&api_keys),
-            body_limits: limits::BodyLimits { max_bytes: max_body_bytes, timeout: body_timeout },
+            keys,
+            body_limits: limits::BodyLimits::new(max_body_bytes, body_timeout, max_turns_in_flight.saturating_mul(2)),
             max_message_bytes,
             turn_slots: limits::TurnSlots::new(max_turns_in_flight),
             status_lines,

@@ -1,6 +1,7 @@
-//! What one request may cost: its body (size and time to send it), its message, and a place
-//! among the turns in flight (`server.max_turns_in_flight`: beyond it a 503 with `Retry-After`,
-//! before anything starts). Refusals read and drop the rest of a body the client is still
+//! What one request may cost: its body (size, time to send it, and a place among the bodies
+//! being read: twice `server.max_turns_in_flight`), its message, and a place among the turns in
+//! flight (`server.max_turns_in_flight`); beyond either, a 503 with `Retry-After` before anything
+//! starts. Refusals read and drop the rest of a body the client is still
 //! sending (up to a bound), so that the client reads the error instead of a broken pipe.
 
 use std::sync::Arc;
@@ -32,22 +33,38 @@ const DRAIN_LIMIT: usize = 16 * 1024 * 1024;
 const DRAIN_TIME: Duration = Duration::from_secs(5);
 
 /// Request-body limits.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct BodyLimits {
     pub max_bytes: usize,
     pub timeout: Duration,
+    /// Bodies being read at once (twice as many as turns may run): the memory they hold is
+    /// bounded, and a client that sends a body slowly holds no turn's place.
+    pub readers: Arc<Semaphore>,
+    /// How many bodies may be read at once.
+    pub max_readers: usize,
+}
+
+impl BodyLimits {
+    pub(crate) fn new(max_bytes: usize, timeout: Duration, readers: usize) -> Self {
+        let max_readers = readers.clamp(1, Semaphore::MAX_PERMITS);
+        Self { max_bytes, timeout, readers: Arc::new(Semaphore::new(max_readers)), max_readers }
+    }
 }
 
 /// The body, up to `limits.max_bytes`: 413 beyond (after draining what the client still sends),
 /// 408 when it is not all sent within `limits.timeout`, 400 `invalid_body` when it cannot be
 /// read (the client stopped sending it, or broke its encoding).
-pub(crate) async fn read_body(headers: &HeaderMap, body: Body, limits: BodyLimits) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(headers: &HeaderMap, body: Body, limits: &BodyLimits) -> Result<Bytes, ApiError> {
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|value| value.to_str().ok()).and_then(|value| value.parse::<u64>().ok());
     let limit = limits.max_bytes;
     if declared.is_some_and(|length| length > limit as u64) {
         drain(body).await;
         return Err(ApiError::body_too_large(limit));
     }
+    let Ok(_reading) = Arc::clone(&limits.readers).try_acquire_owned() else {
+        drain(body).await;
+        return Err(ApiError::overloaded(limits.max_readers, RETRY_AFTER_SECONDS));
+    };
     let mut stream = body.into_data_stream();
     let read = async {
         let mut read = Vec::new();
@@ -128,19 +145,21 @@ pub(crate) struct TurnSlot(#[allow(dead_code, reason = "held for its drop")] Own
 mod tests {
     use super::*;
 
-    const LIMITS: BodyLimits = BodyLimits { max_bytes: 1024, timeout: Duration::from_secs(60) };
+    fn limits() -> BodyLimits {
+        BodyLimits::new(1024, Duration::from_secs(60), 4)
+    }
 
     #[tokio::test]
     async fn a_body_too_large_and_a_body_cut_off_are_told_apart() {
         let cut = Body::from_stream(futures::stream::iter([Ok(Bytes::from_static(b"{\"model\"")), Err(std::io::Error::other("reset"))]));
-        let error = read_body(&HeaderMap::new(), cut, LIMITS).await.unwrap_err();
+        let error = read_body(&HeaderMap::new(), cut, &limits()).await.unwrap_err();
         assert_eq!((error.status.as_u16(), error.code), (400, Some("invalid_body")), "{error}");
         assert!(!error.message.contains("large"), "{error}");
         let large = Body::from_stream(futures::stream::iter((0..2).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b' '; 600])))));
-        let error = read_body(&HeaderMap::new(), large, LIMITS).await.unwrap_err();
+        let error = read_body(&HeaderMap::new(), large, &limits()).await.unwrap_err();
         assert_eq!((error.status.as_u16(), error.code), (413, Some("request_too_large")));
         let fits = Body::from_stream(futures::stream::iter((0..2).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b' '; 512])))));
-        assert_eq!(read_body(&HeaderMap::new(), fits, LIMITS).await.unwrap().len(), 1024);
+        assert_eq!(read_body(&HeaderMap::new(), fits, &limits()).await.unwrap().len(), 1024);
     }
 
     #[tokio::test(start_paused = true)]
@@ -150,9 +169,9 @@ mod tests {
             Ok::<_, std::io::Error>(Bytes::from_static(b"{}"))
         }));
         let started = tokio::time::Instant::now();
-        let error = read_body(&HeaderMap::new(), slow, LIMITS).await.unwrap_err();
+        let error = read_body(&HeaderMap::new(), slow, &limits()).await.unwrap_err();
         assert_eq!((error.status.as_u16(), error.code), (408, Some("request_timeout")));
-        assert_eq!(started.elapsed(), LIMITS.timeout);
+        assert_eq!(started.elapsed(), limits().timeout);
     }
 
     #[tokio::test]
@@ -164,7 +183,7 @@ mod tests {
                 sender.send(Ok(Bytes::from(vec![b'x'; 600]))).await.unwrap();
             }
         });
-        assert_eq!(read_body(&HeaderMap::new(), body, LIMITS).await.unwrap_err().code, Some("request_too_large"));
+        assert_eq!(read_body(&HeaderMap::new(), body, &limits()).await.unwrap_err().code, Some("request_too_large"));
         // Every chunk was taken: the sender, waiting on a channel of one, finished.
         sending.await.unwrap();
     }

@@ -107,7 +107,7 @@ async fn snapshot_of(state: &ServerState, thread_id: &str) -> Result<StateSnapsh
 }
 
 async fn read_json<T: serde::de::DeserializeOwned>(state: &ServerState, headers: &HeaderMap, body: Body) -> Result<Option<T>, ApiError> {
-    let bytes = crate::limits::read_body(headers, body, state.body_limits).await?;
+    let bytes = crate::limits::read_body(headers, body, &state.body_limits).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
@@ -516,7 +516,14 @@ async fn operation(
                 format!("Thread '{thread_id}' waits for no approval (GET /threads/{thread_id} shows its status)."),
             ));
         };
-        if resume.interrupt_id.as_ref().is_some_and(|id| *id != interrupt.id) {
+        // An answer names the question it answers, so that it never reaches one asked after the
+        // client looked (another process may ask a new question at any time).
+        let Some(named) = &resume.interrupt_id else {
+            return Err(ApiError::invalid_request(format!(
+                "A resume names the approval it answers: send its 'interrupt_id' (GET /threads/{thread_id} shows the pending one)."
+            )));
+        };
+        if *named != interrupt.id {
             return Err(stale_approval(thread_id));
         }
         match (resume.approved, resume.answer) {
@@ -527,11 +534,6 @@ async fn operation(
                 Operation::Resume { interrupt, approved, edit: resume.plan }
             }
             (None, Some(text)) => {
-                if resume.interrupt_id.is_none() {
-                    return Err(ApiError::invalid_request(
-                        "An 'answer' in words needs the 'interrupt_id' of the approval it answers (GET /threads/{id} shows it).",
-                    ));
-                }
                 if resume.plan.is_some() {
                     return Err(ApiError::invalid_request("An edited 'plan' is approved with \"approved\": true, not with an 'answer'."));
                 }
@@ -602,15 +604,15 @@ fn run_error(state: &ServerState, thread_id: &str, error: AgentError) -> ApiErro
 
 /// Starts a run: it is returned once it holds its thread (or has already ended, for replies).
 async fn launch(state: &Arc<ServerState>, headers: &HeaderMap, thread_id: &str, body: Body) -> Result<Arc<Run>, ApiError> {
-    let admitted = caller_of(state, headers, thread_id).and_then(|caller| Ok((caller, state.turn_slots.take()?)));
-    let (caller, slot) = match admitted {
-        Ok(admitted) => admitted,
+    let caller = match caller_of(state, headers, thread_id) {
+        Ok(caller) => caller,
         Err(error) => {
             crate::limits::drain(body).await;
             return Err(error);
         }
     };
     let request: Option<RunRequest> = read_json(state, headers, body).await?;
+    let slot = state.turn_slots.take()?;
     let (operation, session) = operation(state, &caller, thread_id, request).await?;
     let busy = BusyThread::claim(state, thread_id)?.holding(slot);
     let run = state.runs.start(thread_id, operation.kind());

@@ -794,8 +794,10 @@ async fn a_message_never_answers_a_pending_approval_an_answer_in_words_names_its
         let (status, body) = served.post(ANYONE, &runs, &json!({"input": text})).await;
         assert_error(status, &body, 409, "approval_pending");
     }
-    let (status, body) = served.post(ANYONE, &runs, &json!({"resume": {"answer": "yes"}})).await;
-    assert_error(status, &body, 400, "invalid_request");
+    for unnamed in [json!({"resume": {"answer": "yes"}}), json!({"resume": {"approved": true}}), json!({"resume": {"approved": false}})] {
+        let (status, body) = served.post(ANYONE, &runs, &unnamed).await;
+        assert_error(status, &body, 400, "invalid_request");
+    }
     let (status, body) = served.post(ANYONE, &runs, &json!({"resume": {"answer": "yes", "interrupt_id": "an-older-question"}})).await;
     assert_error(status, &body, 409, "stale_approval");
     let (status, body) =
@@ -1253,4 +1255,33 @@ async fn slow_and_idle_connections_are_closed_after_the_header_timeout() {
     idle.write_all(b"GET /info HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
     let answered = read_until_closed(&mut idle).await;
     assert!(answered.starts_with("HTTP/1.1 200 OK"), "answered, then closed while idle: {answered}");
+}
+
+#[tokio::test]
+async fn a_blank_key_is_no_key_and_leaves_the_browser_guard_on() {
+    let served = serve(ServerOptions { api_keys: vec![Secret::new("")], ..open() }).await;
+    let request = served.client.post(format!("{}/threads", served.url)).header("origin", "http://evil.example").json(&json!({}));
+    let (status, body) = served.send(request).await;
+    assert_error(status, &body, 403, "origin_not_allowed");
+    let request = served.client.post(format!("{}/threads", served.url)).header("content-type", "text/plain").body("{}");
+    let (status, body) = served.send(request).await;
+    assert_error(status, &body, 415, "unsupported_media_type");
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_its_answers_loses_its_connection() {
+    use tokio::io::AsyncWriteExt as _;
+    let limits = ConnectionLimits { write_timeout: Duration::from_millis(500), max_connections: 1, ..ConnectionLimits::default() };
+    let served = serve_with(open(), limits).await;
+    let address: std::net::SocketAddr = served.url.trim_start_matches("http://").parse().unwrap();
+    // A small receive buffer, many answers asked for, none read: the server's writes stall.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(address).await.unwrap();
+    let requests = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".repeat(64);
+    stalled.write_all(requests.as_bytes()).await.unwrap();
+    // The only connection the server takes is free again once the stalled one was closed.
+    let (status, info) = served.get(ANYONE, "/info").await;
+    assert_eq!(status, 200, "{info}");
+    drop(stalled);
 }

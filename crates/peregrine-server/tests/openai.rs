@@ -342,7 +342,7 @@ async fn a_busy_thread_is_refused_and_a_dropped_client_cancels_the_turn() {
 }
 
 #[tokio::test]
-async fn an_approval_recorded_by_a_cut_off_turn_is_finished_by_the_next_message() {
+async fn an_approval_recorded_by_a_cut_off_turn_refuses_the_next_message_and_continue_response_finishes_it() {
     let llm = ScriptedLlmServer::start(weather_script()).await;
     let dir = tempfile::tempdir().unwrap();
     let agent = weather_agent(&llm.base_url(), 30.0, &dir.path().join("checkpoints.db"), &dir.path().join("data")).await.unwrap();
@@ -375,8 +375,17 @@ async fn an_approval_recorded_by_a_cut_off_turn_is_finished_by_the_next_message(
         let options = peregrine_graph::RunOptions { cancel, ..Default::default() };
         agent.graph().resume(&thread, peregrine_graph::Resume::to(&interrupt, json!({"approved": true})), options).await.unwrap();
         assert!(agent.graph().get_state(&thread).await.unwrap().unwrap().meta.resume.is_some(), "an undelivered answer");
-        // The next message on the conversation finishes the approved plan.
+        // The next message is refused, not answered with that turn's result as if taken.
         let messages = json!([user(PLANNING), assistant(&content(&asked)), user("yes"), user("so?")]);
+        let refused =
+            client.post(format!("{url}/chat/completions")).json(&json!({"model": MODEL, "messages": messages})).send().await.unwrap();
+        assert_eq!(refused.status().as_u16(), 409);
+        let refused: Value = refused.json().await.unwrap();
+        assert_eq!(refused["error"]["code"], "unfinished_run", "{refused}");
+        let stored = agent.graph().get_state(&thread).await.unwrap().unwrap();
+        assert!(!stored.state.messages.iter().any(|message| message.content == "so?"), "the refused message is not stored");
+        // Continue Response (the history ends with the cut-off answer) finishes the approved plan.
+        let messages = json!([user(PLANNING), assistant(&content(&asked)), user("yes"), assistant("")]);
         let finished: Value = client
             .post(format!("{url}/chat/completions"))
             .json(&json!({"model": MODEL, "messages": messages}))

@@ -218,8 +218,8 @@ async fn serve_keyless() -> (Served, reqwest::Client, Seen) {
     (Served { base_url, llm, _dir: dir }, reqwest::Client::new(), seen)
 }
 
-/// A new thread of `served` waiting for the approval of its plan.
-async fn thread_with_pending_plan(served: &Served, client: &reqwest::Client) -> String {
+/// A new thread of `served` waiting for the approval of its plan, and that approval's id.
+async fn thread_with_pending_plan(served: &Served, client: &reqwest::Client) -> (String, String) {
     let thread: serde_json::Value =
         client.post(format!("{}/threads", served.base_url)).json(&serde_json::json!({})).send().await.unwrap().json().await.unwrap();
     let thread = thread["thread_id"].as_str().unwrap().to_owned();
@@ -227,7 +227,8 @@ async fn thread_with_pending_plan(served: &Served, client: &reqwest::Client) -> 
     let run: serde_json::Value =
         client.post(format!("{}/threads/{thread}/runs/wait", served.base_url)).json(&body).send().await.unwrap().json().await.unwrap();
     assert_eq!(run["status"], "interrupted", "{run}");
-    thread
+    let interrupt = run["result"]["interrupt"]["id"].as_str().unwrap().to_owned();
+    (thread, interrupt)
 }
 
 async fn thread_json(served: &Served, client: &reqwest::Client, thread: &str) -> (u16, serde_json::Value) {
@@ -239,8 +240,8 @@ async fn thread_json(served: &Served, client: &reqwest::Client, thread: &str) ->
 async fn pages_of_other_origins_in_chromium_cannot_control_a_keyless_server() {
     assert_browser_installed();
     let (served, client, seen) = serve_keyless().await;
-    let pending = thread_with_pending_plan(&served, &client).await;
-    let control = thread_with_pending_plan(&served, &client).await;
+    let (pending, pending_interrupt) = thread_with_pending_plan(&served, &client).await;
+    let (control, control_interrupt) = thread_with_pending_plan(&served, &client).await;
     let victim: serde_json::Value =
         client.post(format!("{}/threads", served.base_url)).json(&serde_json::json!({})).send().await.unwrap().json().await.unwrap();
     let victim = victim["thread_id"].as_str().unwrap().to_owned();
@@ -261,7 +262,7 @@ async fn pages_of_other_origins_in_chromium_cannot_control_a_keyless_server() {
         SCRIPT_LIMIT,
         tokio::process::Command::from(python3())
             .arg(script)
-            .args([served.base_url.as_str(), &pending, &victim, &control])
+            .args([served.base_url.as_str(), &pending, &pending_interrupt, &victim, &control, &control_interrupt])
             .args(&origins)
             .output(),
     )

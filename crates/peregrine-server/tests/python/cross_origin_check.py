@@ -1,6 +1,6 @@
 """Attacks a keyless Peregrine server from web pages of other origins in headless Chromium.
 
-Usage: cross_origin_check.py <base_url> <pending_thread> <victim_thread> <control_thread> <attacker_origin>...
+Usage: cross_origin_check.py <base_url> <pending_thread> <pending_interrupt> <victim_thread> <control_thread> <control_interrupt> <attacker_origin>...
 
 Run by crates/peregrine-server/tests/web_ui.rs. Pages at other origins (a server of the test on
 loopback, opened as http://localhost:<port> and http://127.0.0.1:<port>: Chromium lets such
@@ -72,8 +72,9 @@ async ({base, targets}) => {
 """
 
 
-def targets(pending, victim):
-    approve = {"resume": {"approved": True}}
+def targets(pending, pending_interrupt, victim):
+    # The attacker is assumed to know the question's id: the guard alone must stop it.
+    approve = {"resume": {"approved": True, "interrupt_id": pending_interrupt}}
     return [
         {"method": "POST", "path": f"/threads/{pending}/runs", "body": approve, "thread": pending},
         {"method": "POST", "path": f"/threads/{pending}/runs/wait", "body": approve, "thread": pending},
@@ -92,8 +93,8 @@ def targets(pending, victim):
 
 
 def main():
-    base, pending, victim, control = sys.argv[1:5]
-    attacker_origins = sys.argv[5:]
+    base, pending, pending_interrupt, victim, control, control_interrupt = sys.argv[1:7]
+    attacker_origins = sys.argv[7:]
     results = {}
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -101,12 +102,12 @@ def main():
             context = browser.new_context()
             page = context.new_page()
             page.goto(origin + "/attack")
-            results[origin] = page.evaluate(ATTACK, {"base": base, "targets": targets(pending, victim)})
+            results[origin] = page.evaluate(ATTACK, {"base": base, "targets": targets(pending, pending_interrupt, victim)})
             context.close()
         context = browser.new_context()
         page = context.new_page()
         page.goto(base + "/info")
-        control_target = [{"method": "POST", "path": f"/threads/{control}/runs/wait", "body": {"resume": {"approved": True}}, "thread": control}]
+        control_target = [{"method": "POST", "path": f"/threads/{control}/runs/wait", "body": {"resume": {"approved": True, "interrupt_id": control_interrupt}}, "thread": control}]
         results["same-origin"] = page.evaluate(ATTACK, {"base": base, "targets": control_target})
         context.close()
         browser.close()

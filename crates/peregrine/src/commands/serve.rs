@@ -79,8 +79,11 @@ pub async fn run(args: &ServeArgs, config: &Config, app: &dyn Application, out: 
     });
     // On Ctrl-C: no new connections; running turns get SHUTDOWN_GRACE to end, then they are
     // cancelled (each keeps its last checkpoint) and their streams end; a second Ctrl-C exits.
-    let limits =
-        peregrine_server::ConnectionLimits { header_timeout: config.server.header_timeout, max_connections: config.server.max_connections };
+    let limits = peregrine_server::ConnectionLimits {
+        header_timeout: config.server.header_timeout,
+        max_connections: config.server.max_connections,
+        ..peregrine_server::ConnectionLimits::default()
+    };
     let http = tokio::spawn(peregrine_server::serve(listener, router, limits, stopping.clone()));
     stopping.cancelled().await;
     if server.running() > 0 {

@@ -149,3 +149,49 @@ mod web_origin_tests {
         }
     }
 }
+
+/// Whether YAML flow collections (`[`, `{`) nest at most `max` deep, outside quoted scalars and
+/// comments; the 1-based line and column of the first bracket too deep otherwise.
+pub(crate) fn flow_nesting(text: &str, max: usize) -> Result<(), (usize, usize)> {
+    let mut depth = 0usize;
+    for (number, line) in text.lines().enumerate() {
+        let mut quote: Option<char> = None;
+        let mut previous = ' ';
+        for (column, character) in line.chars().enumerate() {
+            match (quote, character) {
+                (Some('"'), '\\') if previous == '\\' => {
+                    previous = ' ';
+                    continue;
+                }
+                (Some(open), _) if character == open && !(open == '"' && previous == '\\') => quote = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') if previous.is_whitespace() || "[{,:".contains(previous) => quote = Some(character),
+                (None, '#') if previous.is_whitespace() => break,
+                (None, '[' | '{') => {
+                    depth += 1;
+                    if depth > max {
+                        return Err((number + 1, column + 1));
+                    }
+                }
+                (None, ']' | '}') => depth = depth.saturating_sub(1),
+                (None, _) => {}
+            }
+            previous = character;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod flow_nesting_tests {
+    use super::flow_nesting;
+
+    #[test]
+    fn deep_brackets_are_found_and_quoted_ones_are_not_counted() {
+        assert_eq!(flow_nesting("a: [[[1]]]\nb: {c: [d]}\n", 3), Ok(()));
+        assert_eq!(flow_nesting("a: [[[[1]]]]\n", 3), Err((1, 7)));
+        assert_eq!(flow_nesting(&format!("a: {}\n", "[".repeat(100_000)), 64), Err((1, 68)));
+        assert_eq!(flow_nesting("a: \"[[[[[[\"\nb: '{{{{{'\nc: x # [[[[[[\n", 3), Ok(()));
+        assert_eq!(flow_nesting("a: \"say \\\"[[[[[\\\" \"\n", 3), Ok(()));
+    }
+}

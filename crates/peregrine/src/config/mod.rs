@@ -278,6 +278,9 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// How deep `[`/`{` may nest in a config file.
+const MAX_FLOW_NESTING: usize = 64;
+
 impl ConfigError {
     /// An error about no particular file.
     fn general(message: String) -> Self {
@@ -354,6 +357,19 @@ impl Config {
     /// only looks whether `logging.file`'s directory exists, whether the agent data directory is
     /// a file, and reads the link a `TZ` such as `:/etc/localtime` names).
     pub fn from_text(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        // The YAML parser's time grows with the square of the nesting: refuse what no config
+        // needs before parsing.
+        if let Err((line, column)) = checks::flow_nesting(text, MAX_FLOW_NESTING) {
+            return Err(ConfigError {
+                file: Some(path.to_owned()),
+                line: Some(line),
+                column: Some(column),
+                key: None,
+                message: format!(
+                    "brackets are nested more than {MAX_FLOW_NESTING} deep here; no setting needs that, so the file is not read (look for a runaway `[` or `{{`)"
+                ),
+            });
+        }
         build::parse(text, path, env)
     }
 
