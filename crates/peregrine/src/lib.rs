@@ -34,6 +34,13 @@ pub mod runtime;
 pub mod turn;
 
 pub use app::{Application, FrameworkApp, main};
+
+/// Every binary that links Peregrine allocates with mimalloc (feature `mimalloc`, on by default),
+/// which returns freed memory to the system: with glibc's malloc a server kept the memory of a
+/// burst of large messages long after the burst.
+#[cfg(all(feature = "mimalloc", not(test)))]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub use peregrine_agent::{PromptOverrides, Services};
 pub use peregrine_core::{Registry, RegistryError};
 

@@ -195,16 +195,13 @@ async fn round(client: &reqwest::Client, served: &Served, settings: &Settings, n
     figures
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 #[derive(Serialize)]
 struct Report {
     date: String,
     nproc: usize,
     settings: Settings,
+    /// RSS after the warm-up, before any load.
+    rss_idle_mb: f64,
     rounds: Vec<Round>,
     peak_hwm_mb: f64,
 }
@@ -241,11 +238,16 @@ fn write(report: &Report) {
             round.rss_after_10s_mb
         ));
     }
-    let mut ratios: Vec<f64> = report.rounds.iter().map(|round| round.rss_after_10s_mb / round.rss_before_mb).collect();
+    let ratios = |of: &dyn Fn(&Round) -> f64| {
+        report.rounds.iter().map(|round| format!("{:.2}", round.rss_after_10s_mb / of(round))).collect::<Vec<_>>()
+    };
     md.push_str(&format!(
-        "\nPeak RSS of the process (VmHWM): {:.1} MB. RSS 10 s after a round / before it: median {:.2}.\n",
+        "\nIdle RSS after the warm-up, before any load: {:.1} MB. Peak RSS of the process (VmHWM): {:.1} MB. \
+         RSS 10 s after each round / RSS just before it: {}; / the idle RSS: {}.\n",
+        report.rss_idle_mb,
         report.peak_hwm_mb,
-        median(&mut ratios)
+        ratios(&|round| round.rss_before_mb).join(", "),
+        ratios(&|_| report.rss_idle_mb).join(", "),
     ));
     std::fs::write(dir.join("serve_overload.md"), md).expect("md file");
 }
@@ -264,6 +266,7 @@ fn main() {
                     .await;
             assert_eq!(outcome.map(|(status, _)| status), Ok(200), "warm-up turn");
         }
+        let rss_idle_mb = status_mb(served.pid, "VmRSS:");
         let mut rounds = Vec::new();
         for number in 0..settings.rounds {
             let figures = round(&client, &served, &settings, number).await;
@@ -276,6 +279,7 @@ fn main() {
             date: chrono::Utc::now().to_rfc3339(),
             nproc: std::thread::available_parallelism().map_or(1, usize::from),
             settings,
+            rss_idle_mb,
             rounds,
             peak_hwm_mb,
         };
