@@ -207,6 +207,19 @@ pub fn weather_script() -> Script {
     with_weather_replies(Script::new())
 }
 
+/// [`weather_script`] answering every call after `latency`, each reporting 1 prompt and 1
+/// completion token (so a turn's usage counts its calls): the load benchmarks' model.
+pub fn slow_weather_script(latency: std::time::Duration) -> Script {
+    let slow = |reply: Reply| reply.with_latency(latency).with_usage(1, 1);
+    Script::new()
+        .on_prompt_containing(ERROR_ANALYSIS_MARKER, slow(Reply::text(ANALYSIS)))
+        .on_schema(EXTRACTED_TASK, slow(Reply::json(extracted_task(PRAGUE_TASK))))
+        .on_schema(CAPABILITY_SELECTION, slow(Reply::json(selection(&["current_weather"]))))
+        .on_schema(EXECUTION_PLAN, slow(Reply::json(weather_plan("Prague", "prague_weather"))))
+        .on_schema(LOCATION_EXTRACTION, slow(location_reply()))
+        .on_plain(slow(answer_reply()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

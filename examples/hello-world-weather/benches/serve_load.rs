@@ -38,10 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use peregrine_testkit::agent_fixture::{
-    ANALYSIS, CAPABILITY_SELECTION, ERROR_ANALYSIS_MARKER, EXECUTION_PLAN, EXTRACTED_TASK, LOCATION_EXTRACTION, LlmCall, PRAGUE_TASK,
-    answer_reply, extracted_task, location_reply, project_config, selection, weather_plan,
-};
+use peregrine_testkit::agent_fixture::{LlmCall, project_config, slow_weather_script};
 use peregrine_testkit::llm_server::{Reply, Script, ScriptedLlmServer};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -195,19 +192,6 @@ fn raise_nofile(settings: &Settings) {
 // ---------------------------------------------------------------------------------------------
 // The scripted LLM server and the serve process
 // ---------------------------------------------------------------------------------------------
-
-/// The weather turn's replies (as `agent_fixture::with_weather_replies`), each after
-/// `LLM_LATENCY` and reporting 1 prompt + 1 completion token, so a turn's usage counts its calls.
-fn slow_weather_script() -> Script {
-    let slow = |reply: Reply| reply.with_latency(LLM_LATENCY).with_usage(1, 1);
-    Script::new()
-        .on_prompt_containing(ERROR_ANALYSIS_MARKER, slow(Reply::text(ANALYSIS)))
-        .on_schema(EXTRACTED_TASK, slow(Reply::json(extracted_task(PRAGUE_TASK))))
-        .on_schema(CAPABILITY_SELECTION, slow(Reply::json(selection(&["current_weather"]))))
-        .on_schema(EXECUTION_PLAN, slow(Reply::json(weather_plan("Prague", "prague_weather"))))
-        .on_schema(LOCATION_EXTRACTION, slow(location_reply()))
-        .on_plain(slow(answer_reply()))
-}
 
 /// `count` requests at once straight to a scripted server answering after `LLM_LATENCY`, twice:
 /// on new connections, then on the pooled ones. The wall time of a burst shows whether the
@@ -852,7 +836,7 @@ async fn run(settings: Settings) {
         harness_check.requests, harness_check.cold.wall_ms, harness_check.warm.wall_ms
     ));
 
-    let llm = ScriptedLlmServer::start(slow_weather_script()).await;
+    let llm = ScriptedLlmServer::start(slow_weather_script(LLM_LATENCY)).await;
     let mut served = Served::start(&llm.base_url(), settings.checkpointer).await;
     progress(&format!("serve (pid {}) at {}", served.pid, served.address));
     let client = http_client(settings.conversations.max(settings.streamed_conversations), settings.request_timeout_secs);

@@ -22,11 +22,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use peregrine_testkit::agent_fixture::{
-    ANALYSIS, CAPABILITY_SELECTION, ERROR_ANALYSIS_MARKER, EXECUTION_PLAN, EXTRACTED_TASK, LOCATION_EXTRACTION, PRAGUE_TASK, answer_reply,
-    extracted_task, location_reply, project_config, selection, weather_plan,
-};
-use peregrine_testkit::llm_server::{Reply, Script, ScriptedLlmServer};
+use peregrine_testkit::agent_fixture::{project_config, slow_weather_script};
+use peregrine_testkit::llm_server::ScriptedLlmServer;
 use serde::Serialize;
 use serde_json::json;
 
@@ -56,17 +53,6 @@ impl Settings {
             llm_latency_ms: LLM_LATENCY.as_millis() as u64,
         }
     }
-}
-
-fn slow_weather_script() -> Script {
-    let slow = |reply: Reply| reply.with_latency(LLM_LATENCY).with_usage(1, 1);
-    Script::new()
-        .on_prompt_containing(ERROR_ANALYSIS_MARKER, slow(Reply::text(ANALYSIS)))
-        .on_schema(EXTRACTED_TASK, slow(Reply::json(extracted_task(PRAGUE_TASK))))
-        .on_schema(CAPABILITY_SELECTION, slow(Reply::json(selection(&["current_weather"]))))
-        .on_schema(EXECUTION_PLAN, slow(Reply::json(weather_plan("Prague", "prague_weather"))))
-        .on_schema(LOCATION_EXTRACTION, slow(location_reply()))
-        .on_plain(slow(answer_reply()))
 }
 
 /// The serve process, killed when dropped.
@@ -256,7 +242,7 @@ fn main() {
     let settings = Settings::from_env();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
     runtime.block_on(async move {
-        let llm = ScriptedLlmServer::start(slow_weather_script()).await;
+        let llm = ScriptedLlmServer::start(slow_weather_script(LLM_LATENCY)).await;
         let served = start(&llm.base_url(), &settings);
         let client = reqwest::Client::builder().pool_max_idle_per_host(0).timeout(Duration::from_secs(300)).build().expect("client");
         // Warm-up: a few ordinary turns, then the idle RSS.

@@ -151,30 +151,41 @@ mod web_origin_tests {
 }
 
 /// Whether YAML flow collections (`[`, `{`) nest at most `max` deep, outside quoted scalars and
-/// comments; the 1-based line and column of the first bracket too deep otherwise.
+/// comments; the 1-based line and column of the first bracket too deep otherwise. Outside a flow
+/// collection a bracket opens one only where a value starts (after `:`, `-`, `?` or at the start
+/// of a line), so `${A:-x}` in a plain value is not counted.
 pub(crate) fn flow_nesting(text: &str, max: usize) -> Result<(), (usize, usize)> {
     let mut depth = 0usize;
     for (number, line) in text.lines().enumerate() {
         let mut quote: Option<char> = None;
         let mut previous = ' ';
+        // The last character that was not whitespace on this line, outside quotes.
+        let mut last: Option<char> = None;
         for (column, character) in line.chars().enumerate() {
-            match (quote, character) {
-                (Some('"'), '\\') if previous == '\\' => {
-                    previous = ' ';
-                    continue;
+            if let Some(open) = quote {
+                let escaped = open == '"' && previous == '\\';
+                if character == open && !escaped {
+                    quote = None;
                 }
-                (Some(open), _) if character == open && !(open == '"' && previous == '\\') => quote = None,
-                (Some(_), _) => {}
-                (None, '"' | '\'') if previous.is_whitespace() || "[{,:".contains(previous) => quote = Some(character),
-                (None, '#') if previous.is_whitespace() => break,
-                (None, '[' | '{') => {
+                // A doubled backslash escapes nothing after it.
+                previous = if escaped && character == '\\' { ' ' } else { character };
+                continue;
+            }
+            let starts_value = depth > 0 || matches!(last, None | Some(':' | '-' | '?'));
+            match character {
+                '"' | '\'' if starts_value || previous.is_whitespace() => quote = Some(character),
+                '#' if previous.is_whitespace() => break,
+                '[' | '{' if starts_value => {
                     depth += 1;
                     if depth > max {
                         return Err((number + 1, column + 1));
                     }
                 }
-                (None, ']' | '}') => depth = depth.saturating_sub(1),
-                (None, _) => {}
+                ']' | '}' if depth > 0 => depth -= 1,
+                _ => {}
+            }
+            if !character.is_whitespace() {
+                last = Some(character);
             }
             previous = character;
         }
@@ -193,5 +204,8 @@ mod flow_nesting_tests {
         assert_eq!(flow_nesting(&format!("a: {}\n", "[".repeat(100_000)), 64), Err((1, 68)));
         assert_eq!(flow_nesting("a: \"[[[[[[\"\nb: '{{{{{'\nc: x # [[[[[[\n", 3), Ok(()));
         assert_eq!(flow_nesting("a: \"say \\\"[[[[[\\\" \"\n", 3), Ok(()));
+        assert_eq!(flow_nesting(&format!("a: {}x{}\n", "${A:-".repeat(100), "}".repeat(100)), 3), Ok(()), "not flow");
+        assert_eq!(flow_nesting("- [[[[1]]]]\n", 3), Err((1, 6)));
+        assert_eq!(flow_nesting("a:\n  [[\n   [[1]]]]\n", 3), Err((3, 5)));
     }
 }
