@@ -248,4 +248,54 @@ mod tests {
         assert!(help_text(Some("/quit")).starts_with("/exit: Leave direct chat"));
         assert!(help_text(Some("nothing")).contains("no framework command /nothing"));
     }
+
+    /// Text that is often a run of commands: slash tokens with names, values, paths and
+    /// malformed parts, then words, with any whitespace between.
+    fn command_like() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let token = prop_oneof![
+            "/[a-zA-Z_][a-zA-Z0-9_]{0,6}",
+            "/[a-zA-Z_]{1,6}:[a-zA-Z0-9:_-]{0,6}",
+            "/[a-z]{1,4}/[a-z]{0,4}",
+            "/[^ ]{0,6}",
+            "\\PC{0,8}",
+        ];
+        let space = prop_oneof![Just(" ".to_owned()), "[ \t\n\u{3000}\u{85}]{0,3}"];
+        prop::collection::vec((token, space), 0..6).prop_map(|parts| parts.into_iter().map(|(token, space)| token + &space).collect())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn any_text_parses_or_names_its_malformed_command(text in proptest::prop_oneof![command_like(), "\\PC{0,40}"]) {
+            match parse_input(&text) {
+                Ok(parsed) => {
+                    proptest::prop_assert_eq!(parsed.message.trim(), parsed.message.as_str());
+                    proptest::prop_assert!(parsed.commands.is_empty() || text.trim_start().starts_with('/'));
+                    for command in &parsed.commands {
+                        let name_ok = command.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+                        proptest::prop_assert!(name_ok && !command.name.is_empty(), "{command:?}");
+                        proptest::prop_assert!(command.value.as_ref().is_none_or(|value| !value.is_empty()));
+                        // Options never panic either.
+                        let _ = (switch_value(command), approval_value(command), builtin(&command.name));
+                    }
+                    // Written back as commands and a message, it parses to the same.
+                    let mut written: Vec<String> = parsed.commands.iter().map(|command| match &command.value {
+                        Some(value) => format!("/{}:{value}", command.name),
+                        None => format!("/{}", command.name),
+                    }).collect();
+                    written.push(parsed.message.clone());
+                    proptest::prop_assert_eq!(parse_input(&written.join(" ")), Ok(parsed));
+                }
+                Err(CommandError::Malformed(token)) => proptest::prop_assert!(text.contains(&token) && token.starts_with('/')),
+                Err(other) => proptest::prop_assert!(false, "parse_input only refuses malformed commands: {other}"),
+            }
+        }
+
+        #[test]
+        fn help_answers_any_topic(topic in "\\PC{0,20}") {
+            proptest::prop_assert!(!help_text(Some(&topic)).is_empty());
+        }
+    }
 }

@@ -375,4 +375,50 @@ mod tests {
         assert!(two.expect_err("two entries refused").to_string().contains("more than one context"));
         assert!(serde_json::from_value::<InputRef>(serde_json::json!({})).is_err());
     }
+
+    /// Plans over a few names and keys, so that every validation outcome comes up often.
+    fn small_plan() -> impl proptest::strategy::Strategy<Value = Vec<PlannedStep>> {
+        use proptest::prelude::*;
+        let key = prop::sample::select(vec!["a", "b", "c", "tr_0101_0102"]);
+        let input = (prop::sample::select(vec!["TIME_RANGE", "DATA"]), key.clone());
+        let capability = prop::sample::select(vec!["python", "channel_read", "respond", "clarify", "Respond", "ghost"]);
+        let planned =
+            (key, capability, prop::collection::vec(input, 0..3)).prop_map(|(key, capability, inputs)| step(key, capability, &inputs));
+        prop::collection::vec(planned, 0..6)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn validation_completes_a_plan_or_names_a_real_fault(steps in small_plan()) {
+            let mut existing = ContextStore::default();
+            existing.insert("TIME_RANGE", "tr_0101_0102", ContextEntry::new(serde_json::json!({"start": "a"}), None));
+            match validate(steps.clone(), &existing) {
+                Ok(plan) => {
+                    proptest::prop_assert!(plan.steps.starts_with(&steps), "steps are kept, in order");
+                    proptest::prop_assert!(plan.steps.len() <= steps.len() + 1);
+                    proptest::prop_assert!(plan.steps.last().is_some_and(PlannedStep::is_terminal));
+                    proptest::prop_assert_eq!(validate(plan.steps.clone(), &existing), Ok(plan), "idempotent");
+                }
+                Err(PlanValidationError::HallucinatedCapabilities { names, registered }) => {
+                    proptest::prop_assert!(!names.is_empty() && names.iter().all(|name| !REGISTERED.contains(&name.as_str())));
+                    proptest::prop_assert!(names.iter().all(|name| steps.iter().any(|step| &step.capability == name)));
+                    proptest::prop_assert_eq!(registered.len(), REGISTERED.len());
+                }
+                Err(PlanValidationError::SelfReference { step, input, .. }) => {
+                    proptest::prop_assert_eq!(&input.key, &steps[step].context_key);
+                    proptest::prop_assert!(!existing.contains(&input.context_type, &input.key));
+                }
+                Err(PlanValidationError::ForwardReference { step, input, producer, .. }) => {
+                    proptest::prop_assert!(producer > step && steps[producer].context_key == input.key);
+                    proptest::prop_assert!(steps[..step].iter().all(|earlier| earlier.context_key != input.key));
+                }
+                Err(PlanValidationError::UnknownContextKey { step, input, .. }) => {
+                    proptest::prop_assert!(steps.iter().all(|any| any.context_key != input.key), "step {step} reads what no step writes");
+                    proptest::prop_assert!(!existing.contains(&input.context_type, &input.key));
+                }
+            }
+        }
+    }
 }

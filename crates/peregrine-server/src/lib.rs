@@ -325,6 +325,10 @@ mod auth;
 mod chat;
 mod continuation;
 mod error;
+/// The request parsers run on a body alone, for the fuzz targets in `fuzz/` and the property
+/// tests: public only because a fuzz target is another crate. Not part of the API.
+#[doc(hidden)]
+pub mod fuzzing;
 mod guard;
 mod limits;
 mod listen;

@@ -108,13 +108,19 @@ async fn snapshot_of(state: &ServerState, thread_id: &str) -> Result<StateSnapsh
 
 async fn read_json<T: serde::de::DeserializeOwned>(state: &ServerState, headers: &HeaderMap, body: Body) -> Result<Option<T>, ApiError> {
     let bytes = crate::limits::read_body(headers, body, &state.body_limits).await?;
+    parse_json_body(&bytes)
+}
+
+/// A body as [`read_json`] reads it: `None` when it is empty or whitespace, else a JSON object
+/// of `T`'s shape.
+pub(crate) fn parse_json_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<Option<T>, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
     let unusable = |error: serde_json::Error| {
         ApiError::invalid_request(format!("The body cannot be used: {error}. See the API documentation of peregrine serve."))
     };
-    let value: Value = serde_json::from_slice(&bytes).map_err(unusable)?;
+    let value: Value = serde_json::from_slice(bytes).map_err(unusable)?;
     if !value.is_object() {
         return Err(ApiError::invalid_request("The body must be a JSON object. See the API documentation of peregrine serve."));
     }
@@ -419,7 +425,7 @@ async fn thread_history(
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RunRequest {
+pub(crate) struct RunRequest {
     #[serde(default)]
     input: Option<Value>,
     #[serde(default)]
@@ -432,7 +438,7 @@ struct RunRequest {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ResumeRequest {
+pub(crate) struct ResumeRequest {
     #[serde(default)]
     approved: Option<bool>,
     /// The person's words, read as yes/no (keywords, else the LLM); needs `interrupt_id`.
@@ -479,6 +485,74 @@ async fn operation(
     thread_id: &str,
     request: Option<RunRequest>,
 ) -> Result<(Operation, Session), ApiError> {
+    let (asked, session) = read_run_request(request, caller)?;
+    let snapshot = snapshot_of(state, thread_id).await?;
+    let operation = match asked {
+        RunAsk::Input(input) => {
+            let text = input_text(input)?;
+            if snapshot.meta.resume.is_some() {
+                return Err(unfinished_approval(thread_id));
+            }
+            if snapshot.meta.interrupt.is_some() {
+                // A message is never taken as the answer: the answer must name the question it is for.
+                return Err(approval_pending(thread_id));
+            }
+            crate::limits::check_message(&text, state.max_message_bytes, "input")?;
+            Operation::Message(text)
+        }
+        RunAsk::Resume(resume) => {
+            let Some(interrupt) = snapshot.meta.interrupt.clone() else {
+                return Err(ApiError::conflict(
+                    "no_pending_approval",
+                    format!("Thread '{thread_id}' waits for no approval (GET /threads/{thread_id} shows its status)."),
+                ));
+            };
+            // An answer names the question it answers, so that it never reaches one asked after
+            // the client looked (another process may ask a new question at any time).
+            let Some(named) = &resume.interrupt_id else {
+                return Err(ApiError::invalid_request(format!(
+                    "A resume names the approval it answers: send its 'interrupt_id' (GET /threads/{thread_id} shows the pending one)."
+                )));
+            };
+            if *named != interrupt.id {
+                return Err(stale_approval(thread_id));
+            }
+            match resume_answer(resume, state.max_message_bytes)? {
+                ResumeAnswer::Decision { approved, edit } => Operation::Resume { interrupt, approved, edit },
+                ResumeAnswer::Words(text) => Operation::Answer { interrupt, text },
+            }
+        }
+        RunAsk::Continue => {
+            let status = thread_status(state, &snapshot).await;
+            if status.status == "busy" {
+                return Err(ApiError::thread_busy());
+            }
+            if !status.resumable {
+                return Err(ApiError::conflict(
+                    "nothing_to_continue",
+                    format!("Thread '{thread_id}' has no cut-off run to continue; send a message with {{\"input\": \"…\"}}."),
+                ));
+            }
+            Operation::Continue
+        }
+    };
+    Ok((operation, session))
+}
+
+/// The one thing a run body asks for, before the thread is read.
+#[derive(Debug)]
+pub(crate) enum RunAsk {
+    /// `input`: a message (its type is checked by [`input_text`]).
+    Input(Value),
+    /// `resume`: an approval's answer (checked by [`resume_answer`] once the approval is known).
+    Resume(ResumeRequest),
+    /// `continue: true`.
+    Continue,
+}
+
+/// The checks of a run body that need no thread: a body, exactly one of `input`, `resume` and
+/// `continue: true`, and a `user` of at most 200 characters (the session's user, per key).
+pub(crate) fn read_run_request(request: Option<RunRequest>, caller: &Caller) -> Result<(RunAsk, Session), ApiError> {
     let Some(request) = request else { return Err(ApiError::invalid_request(format!("The body is empty. {RUN_BODY_HELP}"))) };
     let given =
         usize::from(request.input.is_some()) + usize::from(request.resume.is_some()) + usize::from(request.continue_run == Some(true));
@@ -495,70 +569,64 @@ async fn operation(
         Caller::Key(_) => format!("{}:{user}", &caller.identity()[..16]),
     };
     let session = Session::new(user_id, API_INTERFACE);
-    let snapshot = snapshot_of(state, thread_id).await?;
-    let operation = if let Some(input) = request.input {
-        let Value::String(text) = input else {
-            return Err(ApiError::invalid_request(format!("'input' must be the message text (a string). {RUN_BODY_HELP}")));
-        };
-        if snapshot.meta.resume.is_some() {
-            return Err(unfinished_approval(thread_id));
-        }
-        if snapshot.meta.interrupt.is_some() {
-            // A message is never taken as the answer: the answer must name the question it is for.
-            return Err(approval_pending(thread_id));
-        }
-        crate::limits::check_message(&text, state.max_message_bytes, "input")?;
-        Operation::Message(text)
-    } else if let Some(resume) = request.resume {
-        let Some(interrupt) = snapshot.meta.interrupt.clone() else {
-            return Err(ApiError::conflict(
-                "no_pending_approval",
-                format!("Thread '{thread_id}' waits for no approval (GET /threads/{thread_id} shows its status)."),
-            ));
-        };
-        // An answer names the question it answers, so that it never reaches one asked after the
-        // client looked (another process may ask a new question at any time).
-        let Some(named) = &resume.interrupt_id else {
-            return Err(ApiError::invalid_request(format!(
-                "A resume names the approval it answers: send its 'interrupt_id' (GET /threads/{thread_id} shows the pending one)."
-            )));
-        };
-        if *named != interrupt.id {
-            return Err(stale_approval(thread_id));
-        }
-        match (resume.approved, resume.answer) {
-            (Some(approved), None) => {
-                if resume.plan.is_some() && !approved {
-                    return Err(ApiError::invalid_request("An edited 'plan' can only be approved; send it with \"approved\": true."));
-                }
-                Operation::Resume { interrupt, approved, edit: resume.plan }
-            }
-            (None, Some(text)) => {
-                if resume.plan.is_some() {
-                    return Err(ApiError::invalid_request("An edited 'plan' is approved with \"approved\": true, not with an 'answer'."));
-                }
-                if text.trim().is_empty() {
-                    return Err(ApiError::invalid_request("The 'answer' is empty: say yes or no (or what to change)."));
-                }
-                crate::limits::check_message(&text, state.max_message_bytes, "answer")?;
-                Operation::Answer { interrupt, text }
-            }
-            _ => return Err(ApiError::invalid_request(format!("A resume has exactly one of 'approved' and 'answer'. {RUN_BODY_HELP}"))),
-        }
-    } else {
-        let status = thread_status(state, &snapshot).await;
-        if status.status == "busy" {
-            return Err(ApiError::thread_busy());
-        }
-        if !status.resumable {
-            return Err(ApiError::conflict(
-                "nothing_to_continue",
-                format!("Thread '{thread_id}' has no cut-off run to continue; send a message with {{\"input\": \"…\"}}."),
-            ));
-        }
-        Operation::Continue
+    let asked = match (request.input, request.resume) {
+        (Some(input), _) => RunAsk::Input(input),
+        (None, Some(resume)) => RunAsk::Resume(resume),
+        (None, None) => RunAsk::Continue,
     };
-    Ok((operation, session))
+    Ok((asked, session))
+}
+
+/// The message text of an `input`, which must be a string.
+pub(crate) fn input_text(input: Value) -> Result<String, ApiError> {
+    match input {
+        Value::String(text) => Ok(text),
+        _ => Err(ApiError::invalid_request(format!("'input' must be the message text (a string). {RUN_BODY_HELP}"))),
+    }
+}
+
+/// What a `resume` answers, once the thread is known to wait for the approval it names.
+#[derive(Debug)]
+pub(crate) enum ResumeAnswer {
+    /// `approved` (with an edited `plan` only when approving).
+    Decision {
+        /// Whether the action was approved.
+        approved: bool,
+        /// An edited plan sent with the approval.
+        edit: Option<Value>,
+    },
+    /// An `answer` in words (with the `interrupt_id` it is bound to).
+    Words(String),
+}
+
+/// The checks of a `resume` that need only the body: exactly one of `approved` and `answer`, an
+/// edited plan only with an approval, an answer in words only with its `interrupt_id`, not
+/// empty and not over `max_message_bytes`.
+pub(crate) fn resume_answer(resume: ResumeRequest, max_message_bytes: usize) -> Result<ResumeAnswer, ApiError> {
+    match (resume.approved, resume.answer) {
+        (Some(approved), None) => {
+            if resume.plan.is_some() && !approved {
+                return Err(ApiError::invalid_request("An edited 'plan' can only be approved; send it with \"approved\": true."));
+            }
+            Ok(ResumeAnswer::Decision { approved, edit: resume.plan })
+        }
+        (None, Some(text)) => {
+            if resume.interrupt_id.is_none() {
+                return Err(ApiError::invalid_request(
+                    "An 'answer' in words needs the 'interrupt_id' of the approval it answers (GET /threads/{id} shows it).",
+                ));
+            }
+            if resume.plan.is_some() {
+                return Err(ApiError::invalid_request("An edited 'plan' is approved with \"approved\": true, not with an 'answer'."));
+            }
+            if text.trim().is_empty() {
+                return Err(ApiError::invalid_request("The 'answer' is empty: say yes or no (or what to change)."));
+            }
+            crate::limits::check_message(&text, max_message_bytes, "answer")?;
+            Ok(ResumeAnswer::Words(text))
+        }
+        _ => Err(ApiError::invalid_request(format!("A resume has exactly one of 'approved' and 'answer'. {RUN_BODY_HELP}"))),
+    }
 }
 
 fn unfinished_approval(thread_id: &str) -> ApiError {

@@ -465,7 +465,7 @@ impl People<'_> {
 /// The random number a new conversation is known by: its first answer carries it as an
 /// invisible [`Nonce::mark`], which the client resends with the history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Nonce(u64);
+pub(crate) struct Nonce(pub(crate) u64);
 
 /// Begins a mark: U+2060 WORD JOINER.
 const MARK_START: char = '\u{2060}';

@@ -206,4 +206,96 @@ mod tests {
             parse_plan(json!({"steps": [{"capability": "respond"}]})).expect_err("missing fields").contains("not a valid execution plan")
         );
     }
+
+    /// An edited plan as a client may send it: a plan in one of the accepted shapes whose steps
+    /// use a few capability names and context keys (so references are often valid, forward,
+    /// self or unknown), with fields of any type now and then.
+    fn edited_plan() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let anything = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i32>().prop_map(Value::from),
+            "\\PC{0,8}".prop_map(Value::from)
+        ];
+        let name = prop::sample::select(vec!["respond", "clarify", "current_weather", "RESPOND", "unknown", ""]);
+        let key = prop::sample::select(vec!["a", "b", "c", "tr", "user_response"]);
+        let input = prop_oneof![
+            6 => (prop::sample::select(vec!["TIME_RANGE", "CURRENT_WEATHER"]), key.clone()).prop_map(|(kind, key)| json!({kind: key})),
+            1 => Just(json!({})),
+            1 => Just(json!({"A": "a", "B": "b"})),
+            1 => anything.clone(),
+        ];
+        let field = |value: BoxedStrategy<Value>| prop::option::weighted(0.9, value);
+        let step = (
+            field(prop_oneof![6 => key.prop_map(Value::from), 1 => anything.clone()].boxed()),
+            field(prop_oneof![6 => name.prop_map(Value::from), 1 => anything.clone()].boxed()),
+            field(prop_oneof![6 => "\\PC{0,12}".prop_map(Value::from), 1 => anything.clone()].boxed()),
+            prop::option::of(anything.clone()),
+            prop::option::of(prop_oneof![Just(json!({"location": "Prague", "days": 2})), anything.clone()]),
+            prop::option::of(prop_oneof![4 => prop::collection::vec(input, 0..3).prop_map(Value::from), 1 => anything.clone()]),
+        )
+            .prop_map(|(context_key, capability, objective, expected, parameters, inputs)| {
+                let mut step = json!({});
+                for (name, value) in [
+                    ("context_key", context_key),
+                    ("capability", capability),
+                    ("task_objective", objective),
+                    ("expected_output", expected),
+                    ("parameters", parameters),
+                    ("inputs", inputs),
+                ] {
+                    if let Some(value) = value {
+                        step[name] = value;
+                    }
+                }
+                step
+            });
+        (prop::collection::vec(step, 0..5), 0..4u8, anything).prop_map(|(steps, shape, other)| match shape {
+            0 => json!({"steps": steps}),
+            1 => json!({"execution_plan": {"steps": steps}}),
+            2 => Value::from(steps),
+            _ => json!({"steps": steps, "note": other}),
+        })
+    }
+
+    const REGISTERED: [&str; 3] = ["respond", "clarify", "current_weather"];
+
+    fn validate(
+        plan: ExecutionPlan,
+        existing: &peregrine_core::ContextStore,
+    ) -> Result<ExecutionPlan, peregrine_core::PlanValidationError> {
+        peregrine_core::validate_plan(
+            plan,
+            "the task",
+            |name| REGISTERED.contains(&name),
+            || REGISTERED.map(str::to_owned).to_vec(),
+            existing,
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn an_edited_plan_is_parsed_and_validated_or_refused(edit in edited_plan()) {
+            let Ok(plan) = parse_plan(edit) else { return Ok(()) };
+            // What is stored (checkpoints, the pending file) reads back as the same plan.
+            let stored = serde_json::to_value(&plan).expect("a plan serialises");
+            proptest::prop_assert_eq!(parse_plan(stored), Ok(plan.clone()));
+            let mut existing = peregrine_core::ContextStore::default();
+            existing.insert("TIME_RANGE", "tr", peregrine_core::ContextEntry::new(json!({"start": "now"}), None));
+            match validate(plan, &existing) {
+                Ok(valid) => {
+                    proptest::prop_assert!(valid.steps.last().is_some_and(PlannedStep::is_terminal));
+                    proptest::prop_assert!(valid.steps.iter().all(|step| REGISTERED.contains(&step.capability.as_str())));
+                    proptest::prop_assert_eq!(validate(valid.clone(), &existing), Ok(valid), "validation is idempotent");
+                }
+                Err(peregrine_core::PlanValidationError::HallucinatedCapabilities { names, .. }) => {
+                    proptest::prop_assert!(!names.is_empty() && names.iter().all(|name| !REGISTERED.contains(&name.as_str())));
+                }
+                Err(error) => proptest::prop_assert_eq!(error.severity(), peregrine_core::ErrorSeverity::Replanning),
+            }
+        }
+    }
 }
