@@ -941,3 +941,14 @@ proptest::proptest! {
         }
     }
 }
+
+/// Found by the `config` fuzz target (a config.yml with classic Mac line endings): YAML counts a
+/// lone carriage return as a line break, so a YAML error names the line as YAML and most editors
+/// count it, which may be past the number of `\n` in the text. Nothing panics.
+#[test]
+fn bare_carriage_returns_are_line_breaks_in_yaml_errors() {
+    let error = parse_err("models:\r  default:\r    provider: \"openai\r    model_id: x\r", &[]);
+    assert_eq!(error.file.as_deref(), Some(Path::new("/srv/agent/config.yml")));
+    let line = error.line.expect("a YAML error has a line");
+    assert!(line > 1 && line <= 5, "line {line}: {error}");
+}
