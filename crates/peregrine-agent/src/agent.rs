@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use peregrine_core::plan::{CLARIFY, RESPOND};
 use peregrine_core::{AgentEvent, AgentState, CapabilitySpec, EventSink, Registry, Role};
-use peregrine_graph::{DynCheckpointer, Graph, PendingInterrupt, Resume, RunError, RunEvent, RunOptions, RunOutcome};
+use peregrine_graph::{CheckpointError, DynCheckpointer, Graph, PendingInterrupt, Resume, RunError, RunEvent, RunOptions, RunOutcome};
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
@@ -16,7 +16,7 @@ use crate::assembly::{AgentGraphBuilder, AssemblyError};
 use crate::catalog::Catalog;
 use crate::clarify::{ClarificationPrompts, ClarifyCapability};
 use crate::datasource::DataSource;
-use crate::gateway::{Gateway, GatewayAction, GatewayError, Session};
+use crate::gateway::{ApprovalMethod, Gateway, GatewayAction, GatewayError, Session};
 use crate::infra::classifier::{Classifier, ClassifierPrompts};
 use crate::infra::error_node::{ErrorAnalysisPrompts, ErrorNode};
 use crate::infra::orchestrator::pending::PendingPlans;
@@ -25,6 +25,7 @@ use crate::infra::task_extraction::{TaskExtraction, TaskExtractionPrompts};
 use crate::respond::{RespondCapability, ResponsePrompts};
 use crate::router::ERROR;
 use crate::services::Services;
+use crate::threads::ThreadStatus;
 
 /// Prompt builders an application replaces (reference §1.10); `None` keeps the framework's.
 #[derive(Clone, Default)]
@@ -165,6 +166,9 @@ pub enum TurnStatus {
     Failed,
     /// The turn waits for an approval; the next message answers it.
     Interrupted,
+    /// The pending approval was withdrawn unanswered (`no`, `cancel`, an API's abandon): its
+    /// action did not run, the withdrawal is recorded in the history and the thread is idle.
+    Abandoned,
     /// The turn was cancelled; continue it with [`Agent::continue_turn`].
     Cancelled,
     /// State changed without a run (`/chat:<name>`, `/exit` in direct chat).
@@ -175,6 +179,100 @@ pub enum TurnStatus {
     InterfaceCommand,
     /// The person asked to leave the interface.
     Exit,
+}
+
+impl TurnStatus {
+    /// The status's name in every interface's JSON: `completed`, `failed`, `interrupted`,
+    /// `abandoned`, `cancelled`, `updated`, `reply`, `interface_command` or `exit`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Interrupted => "interrupted",
+            Self::Abandoned => "abandoned",
+            Self::Cancelled => "cancelled",
+            Self::Updated => "updated",
+            Self::Reply => "reply",
+            Self::InterfaceCommand => "interface_command",
+            Self::Exit => "exit",
+        }
+    }
+}
+
+/// How a pending approval was answered by a message or an API call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalOutcome {
+    /// Approved: the action ran (or runs, when the turn was cut off).
+    Approved,
+    /// Rejected: the node that asked decides what follows (a plan is made again, a save is
+    /// reported as not done).
+    Rejected,
+    /// Withdrawn unanswered: nothing ran and the thread is idle.
+    Abandoned,
+}
+
+impl ApprovalOutcome {
+    /// `approved`, `rejected` or `abandoned`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Approved => "approved",
+            Self::Rejected => "rejected",
+            Self::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// The pending approval a message or an API call answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnsweredApproval {
+    /// The interrupt answered.
+    pub interrupt_id: String,
+    /// How.
+    pub outcome: ApprovalOutcome,
+    /// How the answer was read from words (keywords, the LLM); `None` for an explicit answer
+    /// (an API's approve/reject/abandon).
+    pub method: Option<ApprovalMethod>,
+}
+
+/// An answer to a pending approval, given through [`Agent::answer_approval`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum ApprovalReply {
+    /// Approve what was shown; `edit` is an edited payload approved instead (an edited plan).
+    Approve {
+        /// The edited payload.
+        edit: Option<Value>,
+    },
+    /// Reject it: the node that asked decides what follows (a plan is made again).
+    Reject,
+    /// Withdraw it unanswered: nothing runs and the thread returns to idle.
+    Abandon,
+    /// The person's words, read as the gateway reads a chat answer: `yes`-like keywords
+    /// approve, `no`/`cancel`-like keywords abandon, other words are read by one LLM call
+    /// (a rejection carries them to the node, so "no, use Oslo" plans again).
+    Words(String),
+}
+
+/// The pending approval an answer is for: its id, and the digest of what was shown when the
+/// interface knows it. An answer to any other question is refused ([`RunError::StaleResume`],
+/// [`RunError::ForgedResume`]), so it never reaches a question the person did not see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRef {
+    /// The interrupt's id.
+    pub interrupt_id: String,
+    /// The digest of its payload (`PendingInterrupt::digest`).
+    pub digest: Option<String>,
+}
+
+impl ApprovalRef {
+    /// The reference to `interrupt` (id and digest).
+    pub fn to(interrupt: &PendingInterrupt) -> Self {
+        Self { interrupt_id: interrupt.id.clone(), digest: Some(interrupt.digest.clone()) }
+    }
+
+    /// A reference by id alone.
+    pub fn id(interrupt_id: impl Into<String>) -> Self {
+        Self { interrupt_id: interrupt_id.into(), digest: None }
+    }
 }
 
 /// What happened to a message.
@@ -190,11 +288,21 @@ pub struct TurnResult {
     pub command: Option<crate::commands::SlashCommand>,
     /// The thread's state afterwards (absent for replies and exits).
     pub state: Option<Arc<AgentState>>,
+    /// The pending approval this message answered, and how.
+    pub approval: Option<AnsweredApproval>,
+    /// The thread held a run that was cut off, which this message's new turn left unfinished.
+    pub left_cut_off_run: bool,
 }
 
 impl TurnResult {
-    fn text(status: TurnStatus, text: impl Into<String>) -> Self {
-        Self { status, response: Some(text.into()), interrupt: None, command: None, state: None }
+    /// A result of `status` showing `text`.
+    pub fn text(status: TurnStatus, text: impl Into<String>) -> Self {
+        Self { status, response: Some(text.into()), interrupt: None, command: None, state: None, approval: None, left_cut_off_run: false }
+    }
+
+    /// A result of `status` without text.
+    fn bare(status: TurnStatus, state: Option<Arc<AgentState>>) -> Self {
+        Self { status, response: None, interrupt: None, command: None, state, approval: None, left_cut_off_run: false }
     }
 }
 
@@ -208,6 +316,23 @@ pub enum AgentError {
     /// The engine refused or stopped the run (a FATAL error, a limit, storage, a busy thread).
     #[error(transparent)]
     Run(#[from] RunError),
+    /// [`Agent::continue_turn`] on a thread with no cut-off run; nothing changed.
+    #[error("{0}")]
+    NothingToContinue(NothingToContinue),
+}
+
+/// Why a thread has no cut-off run to continue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NothingToContinue {
+    /// No such thread.
+    #[error("the thread does not exist, so there is no run to continue; send a message instead")]
+    NoThread,
+    /// It waits for an approval: the answer continues it.
+    #[error("the thread waits for an approval, not a continuation; answer it (yes, no, or what to change)")]
+    ApprovalPending,
+    /// Its last run finished.
+    #[error("the thread's last run finished, so there is nothing to continue; send a new message instead")]
+    Finished,
 }
 
 /// Forwards gateway LLM events into a turn's event stream.
@@ -260,15 +385,17 @@ impl Agent {
         &self.catalog
     }
 
-    /// Handles one message of `thread_id`: a turn, an approval answer, or a state change.
+    /// Handles one message of `thread_id`: a turn, an approval answer, or a state change. With
+    /// an approval pending the message answers it (yes approves, no/cancel withdraws it, other
+    /// words are read by the LLM): for the terminal, where the pending question is the one on
+    /// the screen.
     pub async fn send(&self, thread_id: &str, text: &str, session: &Session, options: TurnOptions) -> Result<TurnResult, AgentError> {
-        self.handle(thread_id, text, session, options, true).await
+        self.handle(thread_id, text, session, options, Pending::Answer).await
     }
 
     /// Handles one message of `thread_id` that is never an approval answer: on a thread waiting
     /// for one it is refused ([`RunError::PendingInterrupt`]), and the question stays pending.
-    /// For interfaces that answer approvals with [`Agent::answer_approval`] or
-    /// [`Agent::answer_approval_text`], naming the question.
+    /// For interfaces that answer approvals with [`Agent::answer_approval`], naming the question.
     pub async fn send_message(
         &self,
         thread_id: &str,
@@ -276,7 +403,23 @@ impl Agent {
         session: &Session,
         options: TurnOptions,
     ) -> Result<TurnResult, AgentError> {
-        self.handle(thread_id, text, session, options, false).await
+        self.handle(thread_id, text, session, options, Pending::Refuse).await
+    }
+
+    /// Handles one message written after the person saw `shown` (the conversation's last answer
+    /// as their client shows it): it answers a pending approval only when `shown` holds that
+    /// approval's question. Otherwise nothing changes and the result (status `Interrupted`)
+    /// shows the question with a note that the message was not taken as its answer, so a `yes`
+    /// never approves a question asked elsewhere (another process, another client).
+    pub async fn send_after(
+        &self,
+        thread_id: &str,
+        text: &str,
+        shown: Option<&str>,
+        session: &Session,
+        options: TurnOptions,
+    ) -> Result<TurnResult, AgentError> {
+        self.handle(thread_id, text, session, options, Pending::AnswerIfShown(shown.unwrap_or_default())).await
     }
 
     async fn handle(
@@ -285,19 +428,28 @@ impl Agent {
         text: &str,
         session: &Session,
         options: TurnOptions,
-        answers_approvals: bool,
+        policy: Pending<'_>,
     ) -> Result<TurnResult, AgentError> {
         let snapshot = self.graph.get_state(thread_id).await?;
         let state = snapshot.as_ref().map(|snapshot| snapshot.state.clone());
         let pending = snapshot.as_ref().and_then(|snapshot| snapshot.meta.interrupt.clone());
-        if !answers_approvals && let Some(interrupt) = &pending {
-            // Refused here too; the engine refuses a run over a question asked meanwhile.
-            return Err(RunError::PendingInterrupt {
-                thread_id: thread_id.into(),
-                interrupt_id: interrupt.id.clone(),
-                node: interrupt.node.clone(),
+        if let Some(interrupt) = &pending {
+            match policy {
+                Pending::Answer => {}
+                // Refused here too; the engine refuses a run over a question asked meanwhile.
+                Pending::Refuse => {
+                    return Err(RunError::PendingInterrupt {
+                        thread_id: thread_id.into(),
+                        interrupt_id: interrupt.id.clone(),
+                        node: interrupt.node.clone(),
+                    }
+                    .into());
+                }
+                Pending::AnswerIfShown(shown) if !question_shown(interrupt, shown) => {
+                    return Ok(Self::unshown(interrupt, state));
+                }
+                Pending::AnswerIfShown(_) => {}
             }
-            .into());
         }
         let sink = options.events.as_ref().map(StreamSink);
         let events = sink.as_ref().map(|sink| sink as &dyn EventSink);
@@ -305,41 +457,89 @@ impl Agent {
         // thread stays as it was — a Ctrl-C must never become an answer.
         let action = tokio::select! {
             biased;
-            () = options.cancel.cancelled() => return Ok(Self::cancelled_unchanged(state)),
+            () = options.cancel.cancelled() => return Ok(TurnResult::bare(TurnStatus::Cancelled, state)),
             action = self.gateway.process(state.as_deref(), pending.as_ref(), text, session, events) => action?,
         };
-        if options.cancel.is_cancelled() && matches!(action, GatewayAction::Run(_) | GatewayAction::Resume { .. }) {
-            return Ok(Self::cancelled_unchanged(state));
+        if options.cancel.is_cancelled()
+            && matches!(action, GatewayAction::Run(_) | GatewayAction::Resume { .. } | GatewayAction::Abandon { .. })
+        {
+            return Ok(TurnResult::bare(TurnStatus::Cancelled, state));
         }
         let before = state.as_ref().map_or(0, |state| state.messages.len());
-        self.act(thread_id, action, pending.as_ref(), state, before, &options).await
+        let leaves_cut_off = matches!(action, GatewayAction::Run(_)) && snapshot.as_ref().is_some_and(crate::threads::mid_run);
+        let result = self.act(thread_id, action, pending.as_ref(), state, before, &options).await?;
+        Ok(TurnResult { left_cut_off_run: leaves_cut_off, ..result })
     }
 
-    /// Answers `interrupt`, the question the person was shown, with their words (yes/no
-    /// keywords, else one LLM call that reads them), for interfaces that know which question a
-    /// typed answer is for. A question no longer pending is refused
-    /// ([`RunError::StaleResume`]), so words never answer a question the person did not see.
-    pub async fn answer_approval_text(
+    /// The answer to a message that would have answered a question its client never showed.
+    fn unshown(interrupt: &PendingInterrupt, state: Option<Arc<AgentState>>) -> TurnResult {
+        let question = approval_prompt(interrupt).unwrap_or("(the approval has no text to show; answer it through the API)");
+        let note = format!(
+            "This conversation waits for an approval that was not shown here, so your message was not taken as its answer and \
+             nothing changed. The approval:\n\n{question}"
+        );
+        TurnResult { interrupt: Some(interrupt.clone()), state, ..TurnResult::text(TurnStatus::Interrupted, note) }
+    }
+
+    /// Answers the pending approval of `thread_id` named by `approval` (the question the person
+    /// was shown): approve (with an edited payload), reject, withdraw, or their words. Refused
+    /// when that question is no longer pending ([`RunError::StaleResume`]), when its digest
+    /// differs ([`RunError::ForgedResume`]), when none is ([`RunError::NothingToResume`]) and
+    /// while an earlier answer waits for its node ([`RunError::PendingResume`]).
+    pub async fn answer_approval(
         &self,
         thread_id: &str,
-        interrupt: &PendingInterrupt,
-        text: &str,
+        approval: &ApprovalRef,
+        reply: ApprovalReply,
         options: TurnOptions,
     ) -> Result<TurnResult, AgentError> {
         let snapshot = self.graph.get_state(thread_id).await?;
-        let state = snapshot.as_ref().map(|snapshot| snapshot.state.clone());
-        let sink = options.events.as_ref().map(StreamSink);
-        let events = sink.as_ref().map(|sink| sink as &dyn EventSink);
-        let action = tokio::select! {
-            biased;
-            () = options.cancel.cancelled() => return Ok(Self::cancelled_unchanged(state)),
-            action = self.gateway.answer(interrupt, text, events) => action?,
-        };
-        if options.cancel.is_cancelled() {
-            return Ok(Self::cancelled_unchanged(state));
+        let Some(snapshot) = snapshot else { return Err(RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: None }.into()) };
+        if let Some(resume) = &snapshot.meta.resume {
+            return Err(RunError::PendingResume { thread_id: thread_id.into(), node: resume.node.clone() }.into());
         }
-        let before = state.as_ref().map_or(0, |state| state.messages.len());
-        self.act(thread_id, action, Some(interrupt), state, before, &options).await
+        let Some(interrupt) = snapshot.meta.interrupt.clone() else {
+            return Err(RunError::NothingToResume { thread_id: thread_id.into() }.into());
+        };
+        if approval.interrupt_id != interrupt.id {
+            return Err(
+                RunError::StaleResume { thread_id: thread_id.into(), given: approval.interrupt_id.clone(), pending: interrupt.id }.into()
+            );
+        }
+        if approval.digest.as_ref().is_some_and(|digest| *digest != interrupt.digest) {
+            return Err(RunError::ForgedResume { thread_id: thread_id.into(), interrupt_id: interrupt.id }.into());
+        }
+        let state = Some(snapshot.state.clone());
+        let before = snapshot.state.messages.len();
+        let action = match reply {
+            ApprovalReply::Approve { edit } => {
+                let mut answer = serde_json::json!({ "approved": true });
+                if let Some(edit) = edit {
+                    answer["edit"] = edit;
+                }
+                GatewayAction::Resume { resume: Resume::to(&interrupt, answer), approved: true, method: None }
+            }
+            ApprovalReply::Reject => GatewayAction::Resume {
+                resume: Resume::to(&interrupt, serde_json::json!({ "approved": false })),
+                approved: false,
+                method: None,
+            },
+            ApprovalReply::Abandon => GatewayAction::Abandon { resume: crate::gateway::abandonment(&interrupt, None), method: None },
+            ApprovalReply::Words(text) => {
+                let sink = options.events.as_ref().map(StreamSink);
+                let events = sink.as_ref().map(|sink| sink as &dyn EventSink);
+                tokio::select! {
+                    biased;
+                    () = options.cancel.cancelled() => return Ok(TurnResult::bare(TurnStatus::Cancelled, state)),
+                    action = self.gateway.answer(&interrupt, &text, events) => action?,
+                }
+            }
+        };
+        // Cancelled before the answer was recorded: it never counts.
+        if options.cancel.is_cancelled() {
+            return Ok(TurnResult::bare(TurnStatus::Cancelled, state));
+        }
+        self.act(thread_id, action, Some(&interrupt), state, before, &options).await
     }
 
     /// Carries out what the gateway decided.
@@ -357,12 +557,30 @@ impl Agent {
                 let outcome = self.graph.run(thread_id, update, options.run_options()).await?;
                 Ok(Self::result(outcome, before))
             }
-            GatewayAction::Resume { mut resume, .. } => {
+            GatewayAction::Resume { mut resume, approved, method } => {
                 if let Some(interrupt) = pending {
                     self.attach_plan_edit(thread_id, interrupt, &mut resume.answer);
                 }
-                let outcome = self.graph.resume(thread_id, resume, options.run_options()).await?;
-                Ok(Self::result(outcome, before))
+                let outcome = if approved { ApprovalOutcome::Approved } else { ApprovalOutcome::Rejected };
+                let answered = AnsweredApproval { interrupt_id: resume.interrupt_id.clone(), outcome, method };
+                let run = self.graph.resume(thread_id, resume, options.run_options()).await?;
+                Ok(TurnResult { approval: Some(answered), ..Self::result(run, before) })
+            }
+            GatewayAction::Abandon { resume, method } => {
+                let answered = AnsweredApproval { interrupt_id: resume.interrupt_id.clone(), outcome: ApprovalOutcome::Abandoned, method };
+                let snapshot = self.graph.abandon(thread_id, resume).await?;
+                if pending
+                    .is_some_and(|interrupt| interrupt.payload.get("approval_type").and_then(Value::as_str) == Some(PLAN_APPROVAL_TYPE))
+                {
+                    // The plan that waited is not run: no editor may approve it later.
+                    for (path, error) in PendingPlans::for_thread(&self.services.settings.agent_data_dir, thread_id).clear() {
+                        tracing::warn!(path = %path.display(), %error, "could not remove a pending plan file");
+                    }
+                }
+                tracing::info!(thread = thread_id, interrupt = %answered.interrupt_id, "pending approval withdrawn");
+                let response =
+                    snapshot.state.messages.last().filter(|message| message.role == Role::Assistant).map(|message| message.content.clone());
+                Ok(TurnResult { response, approval: Some(answered), ..TurnResult::bare(TurnStatus::Abandoned, Some(snapshot.state)) })
             }
             GatewayAction::StateOnly { update, notice } => {
                 let snapshot = self.graph.update_state(thread_id, update, None).await?;
@@ -370,50 +588,29 @@ impl Agent {
             }
             GatewayAction::Reply(text) => Ok(TurnResult::text(TurnStatus::Reply, text)),
             GatewayAction::Interface(command) => {
-                Ok(TurnResult { status: TurnStatus::InterfaceCommand, response: None, interrupt: None, command: Some(command), state })
+                Ok(TurnResult { command: Some(command), ..TurnResult::bare(TurnStatus::InterfaceCommand, state) })
             }
-            GatewayAction::Exit => Ok(TurnResult { status: TurnStatus::Exit, response: None, interrupt: None, command: None, state }),
+            GatewayAction::Exit => Ok(TurnResult::bare(TurnStatus::Exit, state)),
         }
-    }
-
-    /// A turn cancelled before it changed anything.
-    fn cancelled_unchanged(state: Option<Arc<AgentState>>) -> TurnResult {
-        TurnResult { status: TurnStatus::Cancelled, response: None, interrupt: None, command: None, state }
-    }
-
-    /// Answers the pending approval of `thread_id` directly (for APIs with approve / reject
-    /// buttons); `edit` is an edited payload approved instead of the shown one (an edited plan).
-    pub async fn answer_approval(
-        &self,
-        thread_id: &str,
-        interrupt: &PendingInterrupt,
-        approved: bool,
-        edit: Option<Value>,
-        options: TurnOptions,
-    ) -> Result<TurnResult, AgentError> {
-        let snapshot = self.graph.get_state(thread_id).await?;
-        // Cancelled before the answer was recorded: it never counts.
-        if options.cancel.is_cancelled() {
-            return Ok(Self::cancelled_unchanged(snapshot.map(|snapshot| snapshot.state)));
-        }
-        let before = snapshot.map_or(0, |snapshot| snapshot.state.messages.len());
-        let mut answer = serde_json::json!({ "approved": approved });
-        if let (true, Some(edit)) = (approved, edit) {
-            answer["edit"] = edit;
-        }
-        self.attach_plan_edit(thread_id, interrupt, &mut answer);
-        let outcome = self.graph.resume(thread_id, Resume::to(interrupt, answer), options.run_options()).await?;
-        Ok(Self::result(outcome, before))
     }
 
     /// Finishes a turn that was cut off (crash, kill, cancel) from its last checkpoint, without
-    /// repeating finished steps.
+    /// repeating finished steps; an approved action cut off is handed its answer again (its
+    /// node checks whether it already ran). Refused when there is nothing to finish
+    /// ([`AgentError::NothingToContinue`]) and while another process runs the thread
+    /// ([`peregrine_graph::CheckpointError::ThreadBusy`]).
     pub async fn continue_turn(&self, thread_id: &str, options: TurnOptions) -> Result<TurnResult, AgentError> {
-        let snapshot = self.graph.get_state(thread_id).await?;
-        if options.cancel.is_cancelled() {
-            return Ok(Self::cancelled_unchanged(snapshot.map(|snapshot| snapshot.state)));
+        let Some(thread) = self.thread(thread_id).await? else { return Err(AgentError::NothingToContinue(NothingToContinue::NoThread)) };
+        match thread.status {
+            ThreadStatus::Unfinished => {}
+            ThreadStatus::Busy => return Err(RunError::Checkpoint(CheckpointError::ThreadBusy { thread_id: thread_id.into() }).into()),
+            ThreadStatus::Interrupted => return Err(AgentError::NothingToContinue(NothingToContinue::ApprovalPending)),
+            ThreadStatus::Idle | ThreadStatus::Failed => return Err(AgentError::NothingToContinue(NothingToContinue::Finished)),
         }
-        let before = snapshot.map_or(0, |snapshot| snapshot.state.messages.len());
+        if options.cancel.is_cancelled() {
+            return Ok(TurnResult::bare(TurnStatus::Cancelled, Some(thread.snapshot.state)));
+        }
+        let before = thread.snapshot.state.messages.len();
         let outcome = self.graph.continue_run(thread_id, options.run_options()).await?;
         Ok(Self::result(outcome, before))
     }
@@ -447,21 +644,37 @@ impl Agent {
                     .find(|message| message.role == Role::Assistant)
                     .map(|message| message.content.clone());
                 let status = if failed { TurnStatus::Failed } else { TurnStatus::Completed };
-                TurnResult { status, response, interrupt: None, command: None, state: Some(state) }
+                TurnResult { response, ..TurnResult::bare(status, Some(state)) }
             }
             RunOutcome::Interrupted { state, interrupt, .. } => {
-                let prompt = interrupt.payload.get("user_message").and_then(Value::as_str).map(str::to_owned);
-                TurnResult {
-                    status: TurnStatus::Interrupted,
-                    response: prompt,
-                    interrupt: Some(interrupt),
-                    command: None,
-                    state: Some(state),
-                }
+                let prompt = approval_prompt(&interrupt).map(str::to_owned);
+                TurnResult { response: prompt, interrupt: Some(interrupt), ..TurnResult::bare(TurnStatus::Interrupted, Some(state)) }
             }
-            RunOutcome::Cancelled { state, .. } => {
-                TurnResult { status: TurnStatus::Cancelled, response: None, interrupt: None, command: None, state: Some(state) }
-            }
+            RunOutcome::Cancelled { state, .. } => TurnResult::bare(TurnStatus::Cancelled, Some(state)),
         }
     }
+}
+
+/// What a message does with a pending approval.
+#[derive(Debug, Clone, Copy)]
+enum Pending<'a> {
+    /// It is the answer (the terminal).
+    Answer,
+    /// It is refused.
+    Refuse,
+    /// It is the answer when this text, the conversation's last answer as shown, holds the
+    /// approval's question.
+    AnswerIfShown(&'a str),
+}
+
+/// The question an approval shows the person.
+pub fn approval_prompt(interrupt: &PendingInterrupt) -> Option<&str> {
+    interrupt.payload.get("user_message").and_then(Value::as_str).filter(|text| !text.trim().is_empty())
+}
+
+/// Whether `shown` holds the question of `interrupt` (whitespace aside: clients trim and rewrap).
+fn question_shown(interrupt: &PendingInterrupt, shown: &str) -> bool {
+    let Some(question) = approval_prompt(interrupt) else { return false };
+    let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+    words(shown).contains(&words(question))
 }

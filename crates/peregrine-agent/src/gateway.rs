@@ -1,6 +1,8 @@
 //! The gateway (reference §2.1): the one entry point every interface sends user text through.
-//! With an approval pending, the text is the answer (keywords first, else one `ApprovalResponse`
-//! call on the `approval` role; unclear or failing counts as a rejection). Otherwise slash
+//! With an approval pending, the text is the answer: `yes`-like keywords approve, `no`/`cancel`
+//! -like keywords withdraw it (nothing runs, the thread is idle), other words are read by one
+//! `ApprovalResponse` call on the `approval` role (a rejection carries the words to the node that
+//! asked, so "no, use Oslo" plans again; unclear or failing counts as a rejection). Otherwise slash
 //! commands are applied and a new turn starts with fresh per-turn state (history, context and
 //! session kept), or the state changes without a run.
 
@@ -47,11 +49,24 @@ pub enum ApprovalMethod {
     Fallback,
 }
 
+impl ApprovalMethod {
+    /// `keyword`, `llm` or `fallback`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Keyword => "keyword",
+            Self::Llm => "llm",
+            Self::Fallback => "fallback",
+        }
+    }
+}
+
 /// An approval answer read from text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApprovalDetection {
     /// Whether it approves.
     pub approved: bool,
+    /// A `no`/`cancel` keyword: the approval is withdrawn rather than rejected.
+    pub abandon: bool,
     /// How it was decided.
     pub method: ApprovalMethod,
 }
@@ -61,14 +76,22 @@ pub struct ApprovalDetection {
 pub enum GatewayAction {
     /// Start a turn with this input (`new_turn` set).
     Run(AgentStateUpdate),
+    /// Withdraw the pending approval unanswered (`no`, `cancel`): the node that asked does not
+    /// run again, `resume.update` records the withdrawal in the history, the thread is idle.
+    Abandon {
+        /// Bound to the interrupt's id and digest, with the history record as its update.
+        resume: Resume<AgentStateUpdate>,
+        /// How the answer was recognised (`None`: an explicit withdrawal, no words read).
+        method: Option<ApprovalMethod>,
+    },
     /// Answer the pending approval and continue the paused run.
     Resume {
         /// The answer, bound to the interrupt's id and digest.
         resume: Resume<AgentStateUpdate>,
         /// Whether it approves.
         approved: bool,
-        /// How the answer was recognised.
-        method: ApprovalMethod,
+        /// How the answer was recognised (`None`: an explicit answer, no words read).
+        method: Option<ApprovalMethod>,
     },
     /// Change the thread's state without running the graph.
     StateOnly {
@@ -131,19 +154,43 @@ struct ApprovalResponse {
 }
 
 const APPROVE: [&str; 6] = ["yes", "y", "ok", "okay", "yep", "yeah"];
-const REJECT: [&str; 5] = ["no", "n", "nope", "nah", "cancel"];
+/// Keywords that withdraw the pending approval (a change request needs other words).
+const ABANDON: [&str; 7] = ["no", "n", "nope", "nah", "cancel", "abort", "stop"];
 
-/// The yes/no keyword answer, after normalising case, whitespace and trailing punctuation.
+/// The yes/no keyword answer, after normalising case, whitespace and trailing punctuation:
+/// `Some(true)` approves, `Some(false)` withdraws the approval.
 pub fn keyword_answer(text: &str) -> Option<bool> {
     let normalised = text.trim().to_lowercase();
     let normalised = normalised.trim_end_matches(['.', '!', '?']).trim();
     if APPROVE.contains(&normalised) {
         Some(true)
-    } else if REJECT.contains(&normalised) {
+    } else if ABANDON.contains(&normalised) {
         Some(false)
     } else {
         None
     }
+}
+
+/// The withdrawal of `interrupt`, bound to its id and digest, with the history record as its
+/// update: the person's words (when the withdrawal was typed) and the agent's note that the
+/// action did not run.
+pub(crate) fn abandonment(interrupt: &PendingInterrupt, text: Option<&str>) -> Resume<AgentStateUpdate> {
+    let now = Utc::now();
+    let what = match interrupt.payload.get("approval_type").and_then(Value::as_str) {
+        Some(crate::infra::orchestrator::PLAN_APPROVAL_TYPE) => "the execution plan was not run",
+        _ => "the action that waited for approval was not carried out",
+    };
+    let mut messages = Vec::with_capacity(2);
+    if let Some(text) = text.map(str::trim).filter(|text| !text.is_empty()) {
+        messages.push(Message::new(peregrine_core::Role::User, text, now));
+    }
+    messages.push(Message::new(
+        peregrine_core::Role::Assistant,
+        format!("Cancelled: {what}. Nothing was changed; ask again whenever you like."),
+        now,
+    ));
+    let update = AgentStateUpdate { messages, ..AgentStateUpdate::default() };
+    Resume::to(interrupt, serde_json::json!({ "abandon": true })).with_update(update)
 }
 
 /// The gateway of one agent.
@@ -163,7 +210,7 @@ impl Gateway {
     /// anything unclear or failing is a rejection.
     pub async fn detect_approval(&self, text: &str, events: Option<&dyn EventSink>) -> ApprovalDetection {
         if let Some(approved) = keyword_answer(text) {
-            return ApprovalDetection { approved, method: ApprovalMethod::Keyword };
+            return ApprovalDetection { approved, abandon: !approved, method: ApprovalMethod::Keyword };
         }
         let prompt = format!(
             "Analyze this user message and determine if it indicates approval or rejection of a pending action.\n\n\
@@ -174,10 +221,10 @@ impl Gateway {
         );
         let options = CallOptions { events, component: Some("gateway") };
         match self.services.llm.structured::<ApprovalResponse>(roles::APPROVAL, vec![ChatMessage::user(prompt)], options).await {
-            Ok(answer) => ApprovalDetection { approved: answer.approved, method: ApprovalMethod::Llm },
+            Ok(answer) => ApprovalDetection { approved: answer.approved, abandon: false, method: ApprovalMethod::Llm },
             Err(error) => {
                 tracing::warn!(%error, "approval detection failed; the answer counts as a rejection");
-                ApprovalDetection { approved: false, method: ApprovalMethod::Fallback }
+                ApprovalDetection { approved: false, abandon: false, method: ApprovalMethod::Fallback }
             }
         }
     }
@@ -262,13 +309,16 @@ impl Gateway {
             }
         }
         let detection = self.detect_approval(text, events).await;
+        if detection.abandon {
+            return Ok(GatewayAction::Abandon { resume: abandonment(interrupt, Some(text)), method: Some(detection.method) });
+        }
         let mut answer = serde_json::json!({ "approved": detection.approved });
         if detection.method != ApprovalMethod::Keyword {
             // "no, use Oslo instead": a node that asks again takes the words into account.
             answer["feedback"] = Value::String(text.trim().to_owned());
         }
         let resume = Resume::to(interrupt, answer);
-        Ok(GatewayAction::Resume { resume, approved: detection.approved, method: detection.method })
+        Ok(GatewayAction::Resume { resume, approved: detection.approved, method: Some(detection.method) })
     }
 
     /// The approval mode `/approval` asks for; it may only ask for more approvals than the
@@ -441,16 +491,18 @@ mod tests {
             ("Nope!!", false),
             ("cancel", false),
             ("nah", false),
+            ("Abort.", false),
+            ("stop", false),
         ] {
             let detection = gateway.detect_approval(text, None).await;
-            assert_eq!(detection, ApprovalDetection { approved, method: ApprovalMethod::Keyword }, "{text}");
+            assert_eq!(detection, ApprovalDetection { approved, abandon: !approved, method: ApprovalMethod::Keyword }, "{text}");
         }
         assert!(provider.requests().is_empty());
         for not_a_keyword in ["yes please", "nope, wait", "yess", "no way"] {
             assert_eq!(keyword_answer(not_a_keyword), None, "{not_a_keyword} needs the approval model");
         }
         let detection = gateway.detect_approval("go ahead please", None).await;
-        assert_eq!(detection, ApprovalDetection { approved: true, method: ApprovalMethod::Llm });
+        assert_eq!(detection, ApprovalDetection { approved: true, abandon: false, method: ApprovalMethod::Llm });
         let calls = provider.requests_for("ApprovalResponse");
         assert_eq!(calls.len(), 1);
         assert!(calls[0].messages[0].content.contains("\"go ahead please\""));
@@ -460,7 +512,7 @@ mod tests {
     async fn acceptance_case_13_failures_and_missing_models_reject() {
         let failing = FakeProvider::by_schema(|_, _| Err(FakeProvider::error(LlmErrorKind::Timeout, "timed out")));
         let detection = gateway(failing.client()).detect_approval("sure, why not", None).await;
-        assert_eq!(detection, ApprovalDetection { approved: false, method: ApprovalMethod::Fallback });
+        assert_eq!(detection, ApprovalDetection { approved: false, abandon: false, method: ApprovalMethod::Fallback });
         let unconfigured = gateway(LlmClient::new(LlmConfig::default()));
         assert_eq!(unconfigured.detect_approval("sure, why not", None).await.method, ApprovalMethod::Fallback);
     }
@@ -472,11 +524,25 @@ mod tests {
         let action = gateway.process(None, Some(&interrupt), "yes", &Session::default(), None).await.expect("answer");
         let GatewayAction::Resume { resume, approved, method } = action else { panic!("expected a resume, got {action:?}") };
         assert!(approved);
-        assert_eq!(method, ApprovalMethod::Keyword);
+        assert_eq!(method, Some(ApprovalMethod::Keyword));
         assert_eq!((resume.interrupt_id.as_str(), resume.payload_digest.as_str()), ("int-1", interrupt.digest.as_str()));
         assert_eq!(resume.answer, serde_json::json!({"approved": true}));
+        // "no" and "cancel" withdraw the question: bound to it, recorded in the history.
+        for word in ["no", "Cancel."] {
+            let withdrawn = gateway.process(None, Some(&interrupt), word, &Session::default(), None).await.expect("answer");
+            let GatewayAction::Abandon { resume, method: Some(ApprovalMethod::Keyword) } = withdrawn else {
+                panic!("expected a withdrawal, got {withdrawn:?}")
+            };
+            assert_eq!((resume.interrupt_id.as_str(), resume.payload_digest.as_str()), ("int-1", interrupt.digest.as_str()));
+            let record = resume.update.expect("the history record");
+            let said: Vec<(peregrine_core::Role, &str)> =
+                record.messages.iter().map(|message| (message.role, message.content.as_str())).collect();
+            assert_eq!(said.len(), 2, "{said:?}");
+            assert_eq!(said[0], (peregrine_core::Role::User, word));
+            assert!(said[1].0 == peregrine_core::Role::Assistant && said[1].1.starts_with("Cancelled:"), "{said:?}");
+        }
         let rejected = gateway.process(None, Some(&interrupt), "hmm, change step 2", &Session::default(), None).await.expect("answer");
-        let GatewayAction::Resume { resume, approved: false, method: ApprovalMethod::Llm } = rejected else {
+        let GatewayAction::Resume { resume, approved: false, method: Some(ApprovalMethod::Llm) } = rejected else {
             panic!("expected an LLM-read rejection, got {rejected:?}")
         };
         assert_eq!(resume.answer, serde_json::json!({"approved": false, "feedback": "hmm, change step 2"}), "the words travel with it");

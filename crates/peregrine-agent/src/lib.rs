@@ -20,8 +20,12 @@ pub mod services;
 pub mod settings;
 #[cfg(test)]
 mod test_support;
+pub mod threads;
 
-pub use agent::{Agent, AgentBuilder, AgentError, PromptOverrides, TurnOptions, TurnResult, TurnStatus};
+pub use agent::{
+    Agent, AgentBuilder, AgentError, AnsweredApproval, ApprovalOutcome, ApprovalRef, ApprovalReply, NothingToContinue, PromptOverrides,
+    TurnOptions, TurnResult, TurnStatus, approval_prompt,
+};
 pub use answer_stream::{AnswerStream, StreamStep};
 pub use assembly::{AgentGraphBuilder, AssemblyError};
 pub use catalog::Catalog;
@@ -32,3 +36,4 @@ pub use nodes::{CapabilityNode, InfrastructureNode, InfrastructureWrapper, NodeE
 pub use router::{CLASSIFIER, ERROR, ORCHESTRATOR, RouterConfig, TASK_EXTRACTION, TERMINAL_NODES, route};
 pub use services::Services;
 pub use settings::{AgentSettings, ClassifierMode};
+pub use threads::{Thread, ThreadStatus};

@@ -29,6 +29,9 @@ pub enum CheckpointSource {
     Update,
     /// A run was started from an earlier checkpoint (time travel).
     Fork,
+    /// A pending interrupt was withdrawn unanswered ([`crate::Graph::abandon`]): its node does
+    /// not run again and the run ended here.
+    Abandon,
 }
 
 /// A question a node asked; the run is paused until it is answered.

@@ -473,6 +473,37 @@ impl<S: GraphState> Graph<S> {
         self.drive(&ctx, state, tip).await
     }
 
+    /// Withdraws the thread's pending interrupt without answering it: the node that asked does
+    /// not run again, `update` is applied (the record of what happened, for the history) and
+    /// the run ends there, so the thread is idle. Bound like [`Graph::resume`]: a stale or
+    /// forged id or digest is refused and nothing changes. Nothing runs, so no events are sent.
+    pub async fn abandon(&self, thread_id: &str, resume: Resume<S::Update>) -> Result<StateSnapshot<S>, RunError> {
+        let _lock = self.lock(thread_id).await?;
+        let (mut state, mut tip) = self.load(thread_id, None).await?;
+        let meta = tip.meta.clone().ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: None })?;
+        let interrupt = meta.interrupt.ok_or_else(|| RunError::NothingToResume { thread_id: thread_id.into() })?;
+        if resume.interrupt_id != interrupt.id {
+            return Err(RunError::StaleResume { thread_id: thread_id.into(), given: resume.interrupt_id, pending: interrupt.id });
+        }
+        if resume.payload_digest != interrupt.digest || payload_digest(&interrupt.payload) != interrupt.digest {
+            return Err(RunError::ForgedResume { thread_id: thread_id.into(), interrupt_id: interrupt.id });
+        }
+        let opts = RunOptions::default();
+        let ctx = self.run_ctx(thread_id, Arc::from(meta.run_id.as_str()), &opts);
+        let write = Write {
+            source: CheckpointSource::Abandon,
+            node: Some(interrupt.node),
+            update: resume.update.unwrap_or_default(),
+            run_step: meta.run_step,
+            interrupt: None,
+            resume: None,
+        };
+        self.persist(&ctx, &mut state, &mut tip, write).await?;
+        let meta = tip.meta.clone().ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: None })?;
+        let next = self.next_label(&state, Some(&meta));
+        Ok(StateSnapshot { state, meta, next })
+    }
+
     /// Continues an unfinished run from the thread's newest checkpoint (after a crash or a
     /// cancellation). A finished run completes at once; a paused one reports its interrupt. An
     /// answer whose node was interrupted is delivered again with its delivery count raised, so
@@ -697,6 +728,9 @@ impl<S: GraphState> Graph<S> {
             }
             if let Some(resume) = &meta.resume {
                 return Next::Run { node: resume.node.clone(), delay: Duration::ZERO, resume: Some(resume.clone()) };
+            }
+            if meta.source == CheckpointSource::Abandon {
+                return Next::Finished;
             }
             let finished_node = matches!(meta.source, CheckpointSource::Loop | CheckpointSource::Update | CheckpointSource::Fork);
             if finished_node && meta.node.as_ref().is_some_and(|node| self.inner.terminal.contains(node)) {

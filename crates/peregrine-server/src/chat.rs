@@ -63,8 +63,6 @@ pub(crate) struct ServerState {
     pub busy: Mutex<HashSet<String>>,
     /// Applied to every error text.
     pub redact: crate::Redact,
-    /// `<agent_data_dir>`, for the pending plan files of deleted threads.
-    pub agent_data_dir: Option<std::path::PathBuf>,
     /// The native API's runs.
     pub runs: crate::runs::RunRegistry,
     /// Every running turn (chat completions and runs), for a clean shutdown.
@@ -172,9 +170,6 @@ async fn answer(state: &Arc<ServerState>, headers: &HeaderMap, body: Body, threa
     *thread = Some(conversation.thread_id.clone());
     let busy = BusyThread::claim(state, &conversation.thread_id)?.holding(slot);
     let continuing = matches!(conversation.input, TurnInput::Continue { .. });
-    if continuing {
-        crate::continuation::check_cut_off(state, &conversation.thread_id).await?;
-    }
     tracing::info!(
         thread = %conversation.thread_id, identity = ?conversation.identity, stream = request.is_stream(), continuing,
         "chat completion turn starts"
@@ -332,12 +327,12 @@ impl RunningTurn {
         let (sender, events) = tokio::sync::mpsc::unbounded_channel();
         let cancel = state.stopping.child_token();
         let options = TurnOptions { events: Some(sender), cancel: cancel.clone() };
-        let Conversation { thread_id, input, session, .. } = conversation;
+        let Conversation { thread_id, input, shown, session, .. } = conversation;
         let (ended_sender, ended) = oneshot::channel();
         let tasks = state.tasks.clone();
         tasks.spawn(async move {
             let _busy = busy;
-            let result = send(&state, &thread_id, input, &session, options).await;
+            let result = send(&state, &thread_id, input, shown.as_deref(), &session, options).await;
             let _ = ended_sender.send(result);
         });
         Self { events, ended, ended_seen: false, outcome: None, _cancel_on_drop: cancel.drop_guard() }
@@ -371,12 +366,14 @@ impl RunningTurn {
     }
 }
 
-/// Runs the request's turn: finishes the cut-off turn for a continuation (checked by
-/// [`crate::continuation::check_cut_off`]), else sends the message.
+/// Runs the request's turn: finishes the cut-off turn for a continuation (refused with 409
+/// `nothing_to_continue` when there is none), else sends the message, which answers a pending
+/// approval only when `shown` (the answer the person saw) holds its question.
 async fn send(
     state: &ServerState,
     thread_id: &str,
     input: TurnInput,
+    shown: Option<&str>,
     session: &Session,
     options: TurnOptions,
 ) -> Result<TurnResult, AgentError> {
@@ -392,14 +389,11 @@ async fn send(
     };
     // An approval answered in a turn that was then cut off (the client disconnected right
     // after "yes") holds an answer its node has not taken yet: the engine takes no new run on
-    // such a thread. The message is refused (never answered with that turn's result as if it
-    // had been taken); Continue Response finishes the approved action. Any other cut-off turn
-    // is simply left behind by the new message.
-    let snapshot = agent.graph().get_state(thread_id).await?;
-    if snapshot.as_ref().is_some_and(|snapshot| snapshot.meta.resume.is_some()) {
-        return Err(AgentError::Run(peregrine_graph::RunError::PendingResume { thread_id: thread_id.into(), node: String::new() }));
-    }
-    let result = crate::native::retry_while_held(&options.cancel, || agent.send(thread_id, &input, session, options.clone())).await;
+    // such a thread, and the message is refused (409 `unfinished_run`), never answered with
+    // that turn's result as if it had been taken; Continue Response finishes the approved
+    // action. Any other cut-off turn is simply left behind by the new message.
+    let result =
+        crate::native::retry_while_held(&options.cancel, || agent.send_after(thread_id, &input, shown, session, options.clone())).await;
     log_end(state, thread_id, &result);
     result
 }
@@ -684,7 +678,7 @@ mod tests {
     }
 
     fn ended(status: TurnStatus, response: &str) -> Result<TurnResult, AgentError> {
-        Ok(TurnResult { status, response: Some(response.into()), interrupt: None, command: None, state: None })
+        Ok(TurnResult::text(status, response))
     }
 
     fn text(bytes: Option<Bytes>) -> String {

@@ -1,52 +1,31 @@
 //! "Continue Response" on the OpenAI-compatible API: a history that ends with the assistant's
 //! answer finishes the conversation's cut-off turn (stopped by a client that went away, by a
-//! shutdown or by a crash) from its last checkpoint, and is refused with 409
-//! `nothing_to_continue` when the conversation has none.
+//! shutdown or by a crash) from its last checkpoint ([`peregrine_agent::Agent::continue_turn`]
+//! decides whether there is one), and is refused with 409 `nothing_to_continue` when the
+//! conversation has none.
 
-use peregrine_agent::AgentError;
-use peregrine_graph::CheckpointSource;
+use peregrine_agent::NothingToContinue;
 
-use crate::chat::ServerState;
 use crate::error::ApiError;
 use crate::progress::CUT_NOTE;
 use crate::request::{Conversation, TurnInput};
 
-/// Whether `thread_id` holds a cut-off turn to finish: its last checkpoint is in the middle of a
-/// run (a node would run next) that no process holds, or an approval was answered and not yet
-/// taken by its node. The same test as the native API's `resumable`. Refuses with 409
-/// `thread_busy` while a run of another process holds the thread, and with 409
-/// `nothing_to_continue` (saying why) otherwise. The caller holds the thread in this process.
-pub(crate) async fn check_cut_off(state: &ServerState, thread_id: &str) -> Result<(), ApiError> {
-    let graph = state.agent.graph();
-    let snapshot = graph.get_state(thread_id).await.map_err(|error| ApiError::from(AgentError::Run(error)))?;
-    let Some(snapshot) = snapshot else {
-        return Err(nothing_to_continue(
+/// The refusal of a continuation, in the words of a chat client's user.
+pub(crate) fn nothing_to_continue(why: NothingToContinue) -> ApiError {
+    let message = match why {
+        NothingToContinue::NoThread => {
             "This conversation has no turn on this server yet (no thread was found for its history), so there is no answer to \
-             continue; send a message instead.",
-        ));
-    };
-    if snapshot.meta.resume.is_some() {
-        return Ok(());
-    }
-    if snapshot.meta.interrupt.is_some() {
-        return Err(nothing_to_continue(
-            "The answer is complete: it asks for an approval, which is still pending. Reply 'yes' or 'no' to answer it.",
-        ));
-    }
-    let mid_run = snapshot.next.is_some() && snapshot.meta.source != CheckpointSource::Update && !snapshot.state.messages.is_empty();
-    if !mid_run {
-        return Err(nothing_to_continue(
+             continue; send a message instead."
+        }
+        NothingToContinue::ApprovalPending => {
+            "The answer is complete: it asks for an approval, which is still pending. Reply 'yes' or 'no' to answer it."
+        }
+        NothingToContinue::Finished => {
             "The conversation's last turn finished, so there is no cut-off answer to continue (only a turn stopped before its \
-             end, by the Stop button, a dropped connection or a server restart, can be continued); send a new message instead.",
-        ));
-    }
-    // In the middle of a run: cut off, or running in another process; only the lock tells which.
-    // The probe takes nothing; when it cannot answer, the run is not taken over.
-    let held = match graph.checkpointer() {
-        Some(store) => store.is_thread_locked_boxed(thread_id).await,
-        None => Ok(false),
+             end, by the Stop button, a dropped connection or a server restart, can be continued); send a new message instead."
+        }
     };
-    if matches!(held, Ok(false)) { Ok(()) } else { Err(ApiError::thread_busy()) }
+    ApiError::conflict("nothing_to_continue", message)
 }
 
 /// The content that opens the answer (see [`crate::progress::TurnTrace::opening`]). A new
@@ -63,10 +42,6 @@ pub(crate) fn opening(conversation: &Conversation) -> Option<String> {
     }
 }
 
-fn nothing_to_continue(message: &str) -> ApiError {
-    ApiError::conflict("nothing_to_continue", message)
-}
-
 #[cfg(test)]
 mod tests {
     use peregrine_agent::Session;
@@ -80,6 +55,7 @@ mod tests {
             identity: Identity::Mark,
             mark: mark.map(str::to_owned),
             input,
+            shown: None,
             session: Session::new("api", "openwebui"),
         }
     }

@@ -218,6 +218,7 @@ impl From<AgentError> for ApiError {
                 "The previous turn was cut off after its approval was given, so the approved action has not finished; nothing was \
                  sent. Continue that answer first (Open WebUI: Continue Response), then send your message again.",
             ),
+            AgentError::NothingToContinue(why) => crate::continuation::nothing_to_continue(why),
             AgentError::Run(error) => ApiError::server_error(format!("The agent could not finish the turn: {error}")),
             other => ApiError::server_error(format!("The agent could not handle the message: {other}")),
         }

@@ -119,6 +119,8 @@ pub enum RunOutcome {
         /// The session's user id.
         user_id: Option<String>,
     },
+    /// An approval withdrawn unanswered.
+    Abandon,
     /// An approval's decision, with an edited plan.
     Decision {
         /// Whether it was approved.
@@ -153,6 +155,7 @@ fn run_steps(body: &[u8]) -> Result<RunOutcome, ApiError> {
         RunAsk::Resume(resume) => match crate::native::resume_answer(resume, MAX_MESSAGE_BYTES)? {
             ResumeAnswer::Decision { approved, edit } => RunOutcome::Decision { approved, edit },
             ResumeAnswer::Words(text) => RunOutcome::Answer(text),
+            ResumeAnswer::Abandon => RunOutcome::Abandon,
         },
         RunAsk::Continue => RunOutcome::Continue,
     })
@@ -268,10 +271,13 @@ mod tests {
             prop::option::of(prop_oneof![text().prop_map(Value::from), any_json()]),
             prop::option::of(prop_oneof!["[a-z0-9-]{0,12}".prop_map(Value::from), any_json()]),
             prop::option::of(any_json()),
+            prop::option::of(prop_oneof![any::<bool>().prop_map(Value::from), any_json()]),
         )
-            .prop_map(|(approved, answer, interrupt_id, plan)| {
+            .prop_map(|(approved, answer, interrupt_id, plan, abandon)| {
                 let mut resume = json!({});
-                for (name, value) in [("approved", approved), ("answer", answer), ("interrupt_id", interrupt_id), ("plan", plan)] {
+                let fields =
+                    [("approved", approved), ("answer", answer), ("interrupt_id", interrupt_id), ("plan", plan), ("abandon", abandon)];
+                for (name, value) in fields {
                     if let Some(value) = value {
                         resume[name] = value;
                     }
@@ -378,6 +384,12 @@ mod tests {
                     prop_assert_eq!(edit.as_ref(), body.pointer("/resume/plan").filter(|plan| !plan.is_null()));
                 }
                 RunOutcome::Answer(text) => prop_assert!(!text.trim().is_empty()),
+                RunOutcome::Abandon => {
+                    prop_assert_eq!(body.pointer("/resume/abandon"), Some(&json!(true)));
+                    for alone in ["approved", "answer", "plan"] {
+                        prop_assert!(body.pointer(&format!("/resume/{alone}")).is_none_or(Value::is_null), "abandon with {}", alone);
+                    }
+                }
                 RunOutcome::Continue => prop_assert_eq!(body.get("continue"), Some(&json!(true))),
             }
             let pretty = native_run(serde_json::to_string_pretty(&body).unwrap_or_default().as_bytes());

@@ -391,9 +391,6 @@ pub struct ServerOptions {
     pub status_lines: StatusLines,
     /// Applied to every error text before it is answered or logged.
     pub redact: Redact,
-    /// Where an approved plan's pending plan files live (`<agent_data_dir>`), so that deleting a
-    /// thread deletes its pending plan too; `None` leaves them.
-    pub agent_data_dir: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -407,7 +404,6 @@ impl std::fmt::Debug for ServerOptions {
             .field("max_turns_in_flight", &self.max_turns_in_flight)
             .field("allowed_origins", &self.allowed_origins)
             .field("status_lines", &self.status_lines)
-            .field("agent_data_dir", &self.agent_data_dir)
             .finish_non_exhaustive()
     }
 }
@@ -426,7 +422,6 @@ impl ServerOptions {
             allowed_origins: Vec::new(),
             status_lines: StatusLines::default(),
             redact: Arc::new(str::to_owned),
-            agent_data_dir: None,
         }
     }
 }
@@ -470,7 +465,6 @@ impl Server {
             allowed_origins,
             status_lines,
             redact,
-            agent_data_dir,
         } = options;
         let stopping = CancellationToken::new();
         let keys = auth::ApiKeys::new(&api_keys);
@@ -493,7 +487,6 @@ impl Server {
             busy: Mutex::new(HashSet::new()),
             runs: runs::RunRegistry::new(Arc::clone(&redact), stopping.clone()),
             redact,
-            agent_data_dir,
             tasks: TaskTracker::new(),
             stopping,
         };

@@ -19,11 +19,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use chrono::{DateTime, Utc};
-use peregrine_agent::infra::orchestrator::pending::PendingPlans;
-use peregrine_agent::{AgentError, ERROR, Session, TurnOptions, TurnResult};
-use peregrine_core::state::{AgentState, AgentStateUpdate, Role};
-use peregrine_graph::{CheckpointError, CheckpointSource, ListQuery, PendingInterrupt, RunError, StateSnapshot};
+use peregrine_agent::{AgentError, ApprovalRef, ApprovalReply, Session, Thread, ThreadStatus, TurnOptions, TurnResult};
+use peregrine_graph::{CheckpointError, ListQuery, RunError};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -97,11 +94,21 @@ fn store_error(state: &ServerState, error: &RunError) -> ApiError {
     error.redacted(&state.redact)
 }
 
-/// The thread's newest state, or 404.
-async fn snapshot_of(state: &ServerState, thread_id: &str) -> Result<StateSnapshot<AgentState>, ApiError> {
-    match state.agent.graph().get_state(thread_id).await {
-        Ok(Some(snapshot)) => Ok(snapshot),
+/// The thread's newest state and status, or 404.
+async fn thread_of(state: &ServerState, thread_id: &str) -> Result<Thread, ApiError> {
+    match state.agent.thread(thread_id).await {
+        Ok(Some(thread)) => Ok(thread),
         Ok(None) => Err(ApiError::thread_not_found(thread_id)),
+        Err(error) => Err(store_error(state, &error)),
+    }
+}
+
+/// 404 unless the thread exists (its newest checkpoint's metadata; the state is not read).
+async fn exists(state: &ServerState, thread_id: &str) -> Result<(), ApiError> {
+    let newest = state.agent.history(thread_id, ListQuery { before: None, limit: Some(1) }).await;
+    match newest {
+        Ok(newest) if newest.is_empty() => Err(ApiError::thread_not_found(thread_id)),
+        Ok(_) => Ok(()),
         Err(error) => Err(store_error(state, &error)),
     }
 }
@@ -158,70 +165,36 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 // ---------------------------------------------------------------------------------------------
 // Threads
 
-/// Where a thread stands, for its `status` and `resumable` fields.
-struct ThreadStatus {
-    status: &'static str,
-    resumable: bool,
-}
-
-/// `busy` (a run of this process, or another process holding its lock), `interrupted`,
-/// `error` (the last turn ended in the error node, or a run was cut off: `resumable`), `idle`.
-async fn thread_status(state: &ServerState, snapshot: &StateSnapshot<AgentState>) -> ThreadStatus {
-    let thread_id = snapshot.meta.thread_id.as_str();
-    let busy = ThreadStatus { status: "busy", resumable: false };
+/// The thread's `status` and `resumable` fields: `busy` (a run of this process, or another
+/// process holding its lock), `interrupted`, `error` (the last turn ended in the error node, or
+/// a run was cut off: `resumable`), `idle`.
+fn status_fields(state: &ServerState, thread: &Thread) -> (&'static str, bool) {
+    let thread_id = thread.id();
     if state.runs.active(thread_id).is_some() || state.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(thread_id) {
-        return busy;
+        return ("busy", false);
     }
-    if snapshot.meta.interrupt.is_some() {
-        return ThreadStatus { status: "interrupted", resumable: false };
+    match thread.status {
+        ThreadStatus::Busy => ("busy", false),
+        ThreadStatus::Interrupted => ("interrupted", false),
+        ThreadStatus::Unfinished => ("error", true),
+        ThreadStatus::Failed => ("error", false),
+        ThreadStatus::Idle => ("idle", false),
     }
-    let mid_run = snapshot.next.is_some() && snapshot.meta.source != CheckpointSource::Update && !snapshot.state.messages.is_empty();
-    if mid_run {
-        // Running in another process, or cut off: only the lock tells which. The probe takes
-        // nothing; when it cannot answer, the thread is not offered for continuing.
-        let held = match state.agent.graph().checkpointer() {
-            Some(store) => store.is_thread_locked_boxed(thread_id).await,
-            None => Ok(false),
-        };
-        if !matches!(held, Ok(false)) {
-            return busy;
-        }
-        return ThreadStatus { status: "error", resumable: true };
-    }
-    let failed = snapshot.state.execution.last_result.as_ref().is_some_and(|last| last.capability == ERROR);
-    ThreadStatus { status: if failed { "error" } else { "idle" }, resumable: false }
-}
-
-/// When the thread's first checkpoint was written.
-async fn created_at(state: &ServerState, thread_id: &str) -> Option<DateTime<Utc>> {
-    let first = state.agent.graph().history(thread_id, ListQuery { before: Some(2), limit: Some(1) }).await.ok()?;
-    first.first().map(|meta| meta.created_at)
-}
-
-fn title(snapshot: &StateSnapshot<AgentState>) -> Option<String> {
-    let first = snapshot.state.messages.iter().find(|message| message.role == Role::User)?;
-    let text = first.content.trim();
-    let mut title: String = text.chars().take(80).collect();
-    if title.len() < text.len() {
-        title.push('…');
-    }
-    Some(title)
 }
 
 /// The Thread object.
-async fn thread_json(state: &ServerState, snapshot: &StateSnapshot<AgentState>) -> Value {
-    let thread_id = snapshot.meta.thread_id.as_str();
-    let status = thread_status(state, snapshot).await;
-    let created = created_at(state, thread_id).await.unwrap_or(snapshot.meta.created_at);
+async fn thread_json(state: &ServerState, thread: &Thread) -> Value {
+    let (status, resumable) = status_fields(state, thread);
+    let created = state.agent.created_at(thread.id()).await.ok().flatten().unwrap_or(thread.updated_at());
     json!({
-        "thread_id": thread_id,
+        "thread_id": thread.id(),
         "created_at": created.to_rfc3339(),
-        "updated_at": snapshot.meta.created_at.to_rfc3339(),
-        "status": status.status,
-        "resumable": status.resumable,
-        "title": title(snapshot),
-        "messages": snapshot.state.messages.len(),
-        "interrupt": snapshot.meta.interrupt.as_ref().map(interrupt_json),
+        "updated_at": thread.updated_at().to_rfc3339(),
+        "status": status,
+        "resumable": resumable,
+        "title": thread.title(),
+        "messages": thread.state().messages.len(),
+        "interrupt": thread.interrupt().map(interrupt_json),
     })
 }
 
@@ -263,19 +236,11 @@ async fn create_thread_inner(state: &ServerState, headers: &HeaderMap, body: Bod
             id
         }
     };
-    let graph = state.agent.graph();
-    if graph.get_state(&thread_id).await.map_err(|error| store_error(state, &error))?.is_some() {
+    let Some(thread) = state.agent.create_thread(&thread_id).await.map_err(|error| store_error(state, &error))? else {
         return Err(ApiError::conflict("thread_exists", format!("Thread '{thread_id}' exists already; pick another id or omit it.")));
-    }
-    let snapshot = match graph.update_state(&thread_id, AgentStateUpdate::default(), None).await {
-        Ok(snapshot) => snapshot,
-        Err(RunError::Checkpoint(CheckpointError::ThreadBusy { .. } | CheckpointError::Conflict { .. })) => {
-            return Err(ApiError::conflict("thread_exists", format!("Thread '{thread_id}' was just created by another request.")));
-        }
-        Err(error) => return Err(store_error(state, &error)),
     };
     tracing::info!(thread = %thread_id, "thread created");
-    ok_json(state, StatusCode::CREATED, &thread_json(state, &snapshot).await)
+    ok_json(state, StatusCode::CREATED, &thread_json(state, &thread).await)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -301,15 +266,13 @@ async fn list_threads(State(state): Shared, headers: HeaderMap, ApiQuery(page): 
 
 async fn list_threads_inner(state: &ServerState, headers: &HeaderMap, page: &Page) -> Result<Response, ApiError> {
     let caller = state.keys.authenticate(headers)?;
-    let graph = state.agent.graph();
-    let mut threads = graph.threads().await.map_err(|error| store_error(state, &error))?;
+    let mut threads = state.agent.threads().await.map_err(|error| store_error(state, &error))?;
     threads.retain(|summary| caller.owns(&summary.thread_id));
-    threads.sort_by(|a, b| b.latest.created_at.cmp(&a.latest.created_at).then_with(|| a.thread_id.cmp(&b.thread_id)));
     let mut listed = Vec::new();
     for summary in threads.iter().skip(page.offset.unwrap_or(0)).take(page.limit()) {
         // A thread deleted meanwhile is simply not listed.
-        if let Ok(Some(snapshot)) = graph.get_state(&summary.thread_id).await {
-            listed.push(thread_json(state, &snapshot).await);
+        if let Ok(Some(thread)) = state.agent.thread(&summary.thread_id).await {
+            listed.push(thread_json(state, &thread).await);
         }
     }
     ok_json(state, StatusCode::OK, &Value::Array(listed))
@@ -320,8 +283,8 @@ async fn get_thread(State(state): Shared, headers: HeaderMap, ApiPath(thread_id)
     respond(
         async {
             caller_of(&state, &headers, &thread_id)?;
-            let snapshot = snapshot_of(&state, &thread_id).await?;
-            ok_json(&state, StatusCode::OK, &thread_json(&state, &snapshot).await)
+            let thread = thread_of(&state, &thread_id).await?;
+            ok_json(&state, StatusCode::OK, &thread_json(&state, &thread).await)
         }
         .await,
     )
@@ -334,25 +297,14 @@ async fn delete_thread(State(state): Shared, headers: HeaderMap, ApiPath(thread_
 
 async fn delete_thread_inner(state: &Arc<ServerState>, headers: &HeaderMap, thread_id: &str) -> Result<Response, ApiError> {
     caller_of(state, headers, thread_id)?;
-    snapshot_of(state, thread_id).await?;
     let _busy = BusyThread::claim(state, thread_id)?;
-    let Some(store) = state.agent.graph().checkpointer() else { return Err(ApiError::thread_not_found(thread_id)) };
-    let _lock = match store.lock_thread_boxed(thread_id).await {
-        Ok(lock) => lock,
-        Err(CheckpointError::ThreadBusy { .. }) => return Err(ApiError::thread_busy()),
-        Err(error) => return Err(store_error(state, &RunError::Checkpoint(error))),
-    };
-    store.delete_thread_boxed(thread_id).await.map_err(|error| store_error(state, &RunError::Checkpoint(error)))?;
-    state.runs.forget_thread(thread_id);
-    if let Some(dir) = &state.agent_data_dir {
-        let plans = PendingPlans::for_thread(dir, thread_id);
-        match std::fs::remove_dir_all(plans.dir()) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => tracing::warn!(thread = %thread_id, %error, "the thread is deleted, but not its pending plan files"),
-        }
+    match state.agent.delete_thread(thread_id).await {
+        Ok(true) => {}
+        Ok(false) => return Err(ApiError::thread_not_found(thread_id)),
+        Err(RunError::Checkpoint(CheckpointError::ThreadBusy { .. })) => return Err(ApiError::thread_busy()),
+        Err(error) => return Err(store_error(state, &error)),
     }
-    tracing::info!(thread = %thread_id, "thread deleted");
+    state.runs.forget_thread(thread_id);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -361,8 +313,9 @@ async fn thread_state(State(state): Shared, headers: HeaderMap, ApiPath(thread_i
     respond(
         async {
             caller_of(&state, &headers, &thread_id)?;
-            let snapshot = snapshot_of(&state, &thread_id).await?;
-            let status = thread_status(&state, &snapshot).await;
+            let thread = thread_of(&state, &thread_id).await?;
+            let (status, resumable) = status_fields(&state, &thread);
+            let snapshot = &thread.snapshot;
             let agent_state = &snapshot.state;
             let messages: Vec<Value> = agent_state
                 .messages
@@ -382,8 +335,8 @@ async fn thread_state(State(state): Shared, headers: HeaderMap, ApiPath(thread_i
             ok_json(&state, StatusCode::OK,
                 &json!({
                     "thread_id": thread_id,
-                    "status": status.status,
-                    "resumable": status.resumable,
+                    "status": status,
+                    "resumable": resumable,
                     "checkpoint_id": snapshot.meta.checkpoint_id,
                     "next": snapshot.next,
                     "messages": messages,
@@ -408,7 +361,7 @@ async fn thread_history(
         async {
             caller_of(&state, &headers, &thread_id)?;
             let query = ListQuery { before: page.before, limit: Some(page.limit()) };
-            let history = state.agent.graph().history(&thread_id, query).await.map_err(|error| store_error(&state, &error))?;
+            let history = state.agent.history(&thread_id, query).await.map_err(|error| store_error(&state, &error))?;
             if history.is_empty() && page.before.is_none() {
                 return Err(ApiError::thread_not_found(&thread_id));
             }
@@ -441,6 +394,12 @@ pub(crate) struct RunRequest {
 pub(crate) struct ResumeRequest {
     #[serde(default)]
     approved: Option<bool>,
+    /// `true` withdraws the approval unanswered: nothing runs and the thread is idle.
+    #[serde(default)]
+    abandon: Option<bool>,
+    /// The digest of the approval's payload as the client showed it (optional; checked when given).
+    #[serde(default)]
+    digest: Option<String>,
     /// The person's words, read as yes/no (keywords, else the LLM); needs `interrupt_id`.
     #[serde(default)]
     answer: Option<String>,
@@ -453,15 +412,10 @@ pub(crate) struct ResumeRequest {
 /// What a run does, checked before it starts.
 enum Operation {
     Message(String),
-    Resume {
-        interrupt: PendingInterrupt,
-        approved: bool,
-        edit: Option<Value>,
-    },
-    /// An approval answered in words, bound to the question the client names.
+    /// An approval's answer, bound to the question the client names.
     Answer {
-        interrupt: PendingInterrupt,
-        text: String,
+        approval: ApprovalRef,
+        reply: ApprovalReply,
     },
     Continue,
 }
@@ -470,15 +424,17 @@ impl Operation {
     fn kind(&self) -> RunKind {
         match self {
             Operation::Message(_) => RunKind::Message,
-            Operation::Resume { .. } | Operation::Answer { .. } => RunKind::Resume,
+            Operation::Answer { .. } => RunKind::Resume,
             Operation::Continue => RunKind::Continue,
         }
     }
 }
 
-const RUN_BODY_HELP: &str = "Send exactly one of {\"input\": \"text\"}, {\"resume\": {\"approved\": true|false}} (or {\"resume\": {\"interrupt_id\": \"…\", \"answer\": \"text\"}}) or {\"continue\": true} (optionally with \"user\").";
+const RUN_BODY_HELP: &str = "Send exactly one of {\"input\": \"text\"}, {\"resume\": {\"interrupt_id\": \"…\", \"approved\": true|false}} (or \"answer\": \"text\", or \"abandon\": true, in place of \"approved\") or {\"continue\": true} (optionally with \"user\").";
 
-/// Checks a run request against the thread and turns it into an operation and a session.
+/// Checks a run request and turns it into an operation and a session. What needs the thread's
+/// state (a pending approval, a cut-off run) is checked by the agent as the run starts, on the
+/// state it reads once.
 async fn operation(
     state: &ServerState,
     caller: &Caller,
@@ -486,55 +442,32 @@ async fn operation(
     request: Option<RunRequest>,
 ) -> Result<(Operation, Session), ApiError> {
     let (asked, session) = read_run_request(request, caller)?;
-    let snapshot = snapshot_of(state, thread_id).await?;
     let operation = match asked {
         RunAsk::Input(input) => {
             let text = input_text(input)?;
-            if snapshot.meta.resume.is_some() {
-                return Err(unfinished_approval(thread_id));
-            }
-            if snapshot.meta.interrupt.is_some() {
-                // A message is never taken as the answer: the answer must name the question it is for.
-                return Err(approval_pending(thread_id));
-            }
             crate::limits::check_message(&text, state.max_message_bytes, "input")?;
+            // A run on an unknown thread would create it: the threads of this API are created first.
+            exists(state, thread_id).await?;
             Operation::Message(text)
         }
         RunAsk::Resume(resume) => {
-            let Some(interrupt) = snapshot.meta.interrupt.clone() else {
-                return Err(ApiError::conflict(
-                    "no_pending_approval",
-                    format!("Thread '{thread_id}' waits for no approval (GET /threads/{thread_id} shows its status)."),
-                ));
-            };
             // An answer names the question it answers, so that it never reaches one asked after
             // the client looked (another process may ask a new question at any time).
-            let Some(named) = &resume.interrupt_id else {
+            let Some(interrupt_id) = resume.interrupt_id.clone() else {
                 return Err(ApiError::invalid_request(format!(
                     "A resume names the approval it answers: send its 'interrupt_id' (GET /threads/{thread_id} shows the pending one)."
                 )));
             };
-            if *named != interrupt.id {
-                return Err(stale_approval(thread_id));
-            }
-            match resume_answer(resume, state.max_message_bytes)? {
-                ResumeAnswer::Decision { approved, edit } => Operation::Resume { interrupt, approved, edit },
-                ResumeAnswer::Words(text) => Operation::Answer { interrupt, text },
-            }
+            let approval = ApprovalRef { interrupt_id, digest: resume.digest.clone() };
+            let reply = match resume_answer(resume, state.max_message_bytes)? {
+                ResumeAnswer::Decision { approved: true, edit } => ApprovalReply::Approve { edit },
+                ResumeAnswer::Decision { approved: false, .. } => ApprovalReply::Reject,
+                ResumeAnswer::Abandon => ApprovalReply::Abandon,
+                ResumeAnswer::Words(text) => ApprovalReply::Words(text),
+            };
+            Operation::Answer { approval, reply }
         }
-        RunAsk::Continue => {
-            let status = thread_status(state, &snapshot).await;
-            if status.status == "busy" {
-                return Err(ApiError::thread_busy());
-            }
-            if !status.resumable {
-                return Err(ApiError::conflict(
-                    "nothing_to_continue",
-                    format!("Thread '{thread_id}' has no cut-off run to continue; send a message with {{\"input\": \"…\"}}."),
-                ));
-            }
-            Operation::Continue
-        }
+        RunAsk::Continue => Operation::Continue,
     };
     Ok((operation, session))
 }
@@ -597,12 +530,22 @@ pub(crate) enum ResumeAnswer {
     },
     /// An `answer` in words (with the `interrupt_id` it is bound to).
     Words(String),
+    /// `abandon: true`: withdraw the approval unanswered.
+    Abandon,
 }
 
-/// The checks of a `resume` that need only the body: exactly one of `approved` and `answer`, an
-/// edited plan only with an approval, an answer in words only with its `interrupt_id`, not
-/// empty and not over `max_message_bytes`.
+/// The checks of a `resume` that need only the body: exactly one of `approved`, `answer` and
+/// `abandon: true`, an edited plan only with an approval, an answer in words only with its
+/// `interrupt_id`, not empty and not over `max_message_bytes`.
 pub(crate) fn resume_answer(resume: ResumeRequest, max_message_bytes: usize) -> Result<ResumeAnswer, ApiError> {
+    if let Some(abandon) = resume.abandon {
+        if !abandon || resume.approved.is_some() || resume.answer.is_some() || resume.plan.is_some() {
+            return Err(ApiError::invalid_request(format!(
+                "\"abandon\" is given as true and alone (no 'approved', 'answer' or 'plan'). {RUN_BODY_HELP}"
+            )));
+        }
+        return Ok(ResumeAnswer::Abandon);
+    }
     match (resume.approved, resume.answer) {
         (Some(approved), None) => {
             if resume.plan.is_some() && !approved {
@@ -625,7 +568,7 @@ pub(crate) fn resume_answer(resume: ResumeRequest, max_message_bytes: usize) -> 
             crate::limits::check_message(&text, max_message_bytes, "answer")?;
             Ok(ResumeAnswer::Words(text))
         }
-        _ => Err(ApiError::invalid_request(format!("A resume has exactly one of 'approved' and 'answer'. {RUN_BODY_HELP}"))),
+        _ => Err(ApiError::invalid_request(format!("A resume has exactly one of 'approved', 'answer' and 'abandon'. {RUN_BODY_HELP}"))),
     }
 }
 
@@ -665,6 +608,10 @@ fn run_error(state: &ServerState, thread_id: &str, error: AgentError) -> ApiErro
             ApiError::conflict("no_pending_approval", format!("Thread '{thread_id}' waits for no approval."))
         }
         AgentError::Run(RunError::PendingInterrupt { .. }) => approval_pending(thread_id),
+        AgentError::Run(RunError::NotFound { checkpoint_id: None, .. }) => ApiError::thread_not_found(thread_id),
+        AgentError::NothingToContinue(why) => {
+            ApiError::conflict("nothing_to_continue", format!("Thread '{thread_id}' has no cut-off run to continue: {why}."))
+        }
         other => ApiError::server_error(format!("The agent could not finish the run: {other}")),
     };
     error.redacted(&state.redact)
@@ -745,10 +692,7 @@ async fn drive(state: Arc<ServerState>, run: Arc<Run>, operation: Operation, ses
         async move {
             match operation {
                 Operation::Message(text) => agent.send_message(thread_id, text, session, options).await,
-                Operation::Resume { interrupt, approved, edit } => {
-                    agent.answer_approval(thread_id, interrupt, *approved, edit.clone(), options).await
-                }
-                Operation::Answer { interrupt, text } => agent.answer_approval_text(thread_id, interrupt, text, options).await,
+                Operation::Answer { approval, reply } => agent.answer_approval(thread_id, approval, reply.clone(), options).await,
                 Operation::Continue => agent.continue_turn(thread_id, options).await,
             }
         }
@@ -800,7 +744,7 @@ async fn list_runs(State(state): Shared, headers: HeaderMap, ApiPath(thread_id):
     respond(
         async {
             caller_of(&state, &headers, &thread_id)?;
-            snapshot_of(&state, &thread_id).await?;
+            exists(&state, &thread_id).await?;
             let runs: Vec<Value> = state.runs.of_thread(&thread_id).iter().map(|run| run.json()).collect();
             ok_json(&state, StatusCode::OK, &Value::Array(runs))
         }
@@ -814,7 +758,7 @@ async fn find_run(state: &ServerState, headers: &HeaderMap, thread_id: &str, run
     if let Some(run) = state.runs.get(thread_id, run_id) {
         return Ok(run);
     }
-    snapshot_of(state, thread_id).await?;
+    exists(state, thread_id).await?;
     Err(ApiError::run_not_found(thread_id, run_id))
 }
 

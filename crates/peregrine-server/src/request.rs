@@ -228,6 +228,15 @@ impl ChatRequest {
         }
     }
 
+    /// The conversation's last answer before the new message, as the client shows it (reasoning
+    /// blocks removed): what the person saw when they wrote the message. A message answers a
+    /// pending approval only when this holds its question.
+    fn shown(&self) -> Option<String> {
+        let last_user = self.messages.iter().rposition(|message| message.role == "user")?;
+        let answer = self.messages[..last_user].iter().rev().find(|message| message.role == "assistant")?;
+        Some(without_reasoning_blocks(&answer.text()?))
+    }
+
     /// The index of the first user message with text (the anchor of a conversation).
     fn first_user_index(&self) -> Option<usize> {
         self.messages.iter().position(|message| message.role == "user" && message.text().is_some())
@@ -280,7 +289,7 @@ impl ChatRequest {
             Caller::Anonymous => user.to_owned(),
             Caller::Key(_) => format!("{}:{user}", &caller.identity()[..16]),
         };
-        Ok(Conversation { thread_id, identity, mark, input, session: Session::new(user_id, INTERFACE) })
+        Ok(Conversation { thread_id, identity, mark, input, shown: self.shown(), session: Session::new(user_id, INTERFACE) })
     }
 }
 
@@ -403,6 +412,8 @@ pub(crate) struct Conversation {
     pub mark: Option<String>,
     /// The turn's input: the last user message, or a continuation of the cut-off turn.
     pub input: TurnInput,
+    /// The conversation's last answer before the new message, as the client shows it.
+    pub shown: Option<String>,
     /// The session (user id, interface `openwebui`).
     pub session: Session,
 }

@@ -430,22 +430,16 @@ pub(crate) fn interrupt_json(interrupt: &PendingInterrupt) -> Value {
 }
 
 fn result_json(result: &TurnResult) -> Value {
-    let status = match result.status {
-        TurnStatus::Completed => "completed",
-        TurnStatus::Failed => "failed",
-        TurnStatus::Interrupted => "interrupted",
-        TurnStatus::Cancelled => "cancelled",
-        TurnStatus::Updated => "updated",
-        TurnStatus::Reply => "reply",
-        TurnStatus::InterfaceCommand => "interface_command",
-        TurnStatus::Exit => "exit",
-    };
+    let status = result.status.as_str();
     let response = result.response.clone().or_else(|| match result.status {
         TurnStatus::InterfaceCommand => Some("This command works only in the terminal chat (peregrine chat).".to_owned()),
         TurnStatus::Exit => Some("There is nothing to leave here; start a new thread instead.".to_owned()),
         _ => None,
     });
-    json!({"status": status, "response": response, "interrupt": result.interrupt.as_ref().map(interrupt_json)})
+    let approval = result.approval.as_ref().map(|answered| {
+        json!({"interrupt_id": answered.interrupt_id, "outcome": answered.outcome.as_str(), "read_by": answered.method.map(|method| method.as_str())})
+    });
+    json!({"status": status, "response": response, "interrupt": result.interrupt.as_ref().map(interrupt_json), "approval": approval})
 }
 
 /// The SSE name and data of an event; `None` for events an interface has no use for.

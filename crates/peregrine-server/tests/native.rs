@@ -86,7 +86,7 @@ async fn serve_with(options: ServerOptions, limits: ConnectionLimits) -> Served 
     let agent = weather_agent(&llm.base_url(), 30.0, &dir.path().join("checkpoints.db"), &data).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = Server::new(Arc::new(agent), ServerOptions { agent_data_dir: Some(data), ..options });
+    let server = Server::new(Arc::new(agent), options);
     let app = server.router();
     tokio::spawn(peregrine_server::serve(listener, app, limits, tokio_util::sync::CancellationToken::new()));
     Served { url, llm, client: reqwest::Client::new(), weather_call, held: Mutex::new(held), server, _dir: dir }
@@ -771,7 +771,7 @@ async fn a_plan_approval_can_be_rejected_then_approved_with_an_edit() {
     assert_eq!(state["status"], "idle");
     assert_eq!(state["messages"].as_array().unwrap().last().unwrap()["content"], answer);
 
-    let (status, body) = served.post(ANYONE, &runs, &json!({"resume": {"approved": true}})).await;
+    let (status, body) = served.post(ANYONE, &runs, &json!({"resume": {"approved": true, "interrupt_id": second["id"]}})).await;
     assert_error(status, &body, 409, "no_pending_approval");
 }
 

@@ -88,7 +88,7 @@ async fn serve() -> Served {
     let agent = weather_agent(&llm.base_url(), 30.0, &dir.path().join("checkpoints.db"), &data_dir).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base_url = format!("http://{}", listener.local_addr().unwrap());
-    let options = ServerOptions { api_keys: vec![Secret::new(API_KEY)], agent_data_dir: Some(data_dir), ..ServerOptions::new(MODEL) };
+    let options = ServerOptions { api_keys: vec![Secret::new(API_KEY)], ..ServerOptions::new(MODEL) };
     let app = router(Arc::new(agent), options);
     tokio::spawn(async move { axum::serve(listener, app).await });
     Served { base_url, llm, _dir: dir }
@@ -199,7 +199,7 @@ async fn serve_keyless() -> (Served, reqwest::Client, Seen) {
     let agent = weather_agent(&llm.base_url(), 30.0, &dir.path().join("checkpoints.db"), &data_dir).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base_url = format!("http://{}", listener.local_addr().unwrap());
-    let options = ServerOptions { agent_data_dir: Some(data_dir), ..ServerOptions::new(MODEL) };
+    let options = ServerOptions::new(MODEL);
     let seen = Seen::default();
     let record = Arc::clone(&seen);
     let app = router(Arc::new(agent), options).layer(axum::middleware::from_fn(

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use hello_world_weather::register as register_weather;
 use peregrine_agent::{
-    Agent, AgentError, AgentSettings, ClassifierMode, PromptOverrides, Services, Session, TurnOptions, TurnResult, TurnStatus,
+    Agent, AgentError, AgentSettings, ApprovalOutcome, ApprovalRef, ApprovalReply, ClassifierMode, PromptOverrides, Services, Session,
+    TurnOptions, TurnResult, TurnStatus,
 };
 use peregrine_capabilities::{MemoryCapability, MemoryStore, TimeRangeCapability, UserMemoryDataSource};
 use peregrine_checkpoint::SqliteCheckpointer;
@@ -277,11 +278,73 @@ async fn acceptance_case_14_planning_mode_asks_then_runs_the_saved_plan() {
 async fn acceptance_case_14_a_rejected_plan_is_replanned_and_asked_again() {
     let h = harness(weather_script(), ClassifierMode::Batched).await;
     assert_eq!(h.send("t", "/planning What's the weather in Prague?").await.status, TurnStatus::Interrupted);
-    let again = h.send("t", "no").await;
+    // A change request (not a bare "no", which withdraws the plan) is read as a rejection.
+    let again = h.send("t", "no, plan it another way").await;
+    assert_eq!(again.approval.as_ref().map(|answered| answered.outcome), Some(ApprovalOutcome::Rejected));
     assert_eq!(again.status, TurnStatus::Interrupted, "planning mode is still on for the turn");
     assert_eq!(h.calls("ExecutionPlan").len(), 2);
     assert!(last_prompt(&h.calls("ExecutionPlan")).contains("REJECTED"), "the planner is told the plan was rejected");
     assert!(h.calls("LocationExtraction").is_empty(), "a rejected plan never runs");
+}
+
+#[tokio::test]
+async fn no_or_cancel_withdraws_a_pending_plan_and_the_thread_is_idle() {
+    for word in ["no", "Cancel"] {
+        let h = harness(weather_script(), ClassifierMode::Batched).await;
+        let asked = h.send("t", "/planning What's the weather in Prague?").await;
+        let interrupt = asked.interrupt.clone().expect("pending");
+        assert!(h.pending_plan("t").exists());
+        let withdrawn = h.send("t", word).await;
+        assert_eq!(withdrawn.status, TurnStatus::Abandoned, "{word}: {:?}", withdrawn.response);
+        let answered = withdrawn.approval.clone().expect("the result says how the approval was answered");
+        assert_eq!((answered.interrupt_id.as_str(), answered.outcome), (interrupt.id.as_str(), ApprovalOutcome::Abandoned));
+        assert!(withdrawn.response.as_deref().is_some_and(|text| text.starts_with("Cancelled: the execution plan was not run")));
+        assert_eq!(h.calls("ExecutionPlan").len(), 1, "{word}: no new plan is made");
+        assert!(h.calls("LocationExtraction").is_empty(), "{word}: nothing of the plan runs");
+        assert!(h.calls("ApprovalResponse").is_empty(), "{word}: a keyword needs no LLM");
+        assert!(!h.pending_plan("t").exists(), "{word}: the withdrawn plan cannot be approved later");
+        let thread = h.agent.thread("t").await.expect("read").expect("exists");
+        assert_eq!(thread.status, peregrine_agent::ThreadStatus::Idle, "{word}: nothing pending, nothing to continue");
+        let said: Vec<(Role, String)> = thread.state().messages.iter().map(|message| (message.role, message.content.clone())).collect();
+        let n = said.len();
+        assert_eq!(said[n - 2], (Role::User, word.to_owned()), "{word}: recorded in the history");
+        assert!(said[n - 1].0 == Role::Assistant && said[n - 1].1.starts_with("Cancelled:"), "{said:?}");
+        // An answer to the withdrawn question is refused; the next message is a new turn.
+        let late =
+            h.agent.answer_approval("t", &ApprovalRef::to(&interrupt), ApprovalReply::Approve { edit: None }, TurnOptions::default()).await;
+        assert!(matches!(late, Err(AgentError::Run(peregrine_graph::RunError::NothingToResume { .. }))), "{late:?}");
+        let continued = h.agent.continue_turn("t", TurnOptions::default()).await;
+        assert!(matches!(continued, Err(AgentError::NothingToContinue(peregrine_agent::NothingToContinue::Finished))), "{continued:?}");
+        let next = h.send("t", "What's the weather in Prague?").await;
+        assert_eq!(next.status, TurnStatus::Completed, "{word}: {:?}", next.response);
+        assert_eq!(h.calls("LocationExtraction").len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn an_api_withdrawal_is_bound_to_the_question_shown() {
+    let h = harness(weather_script(), ClassifierMode::Batched).await;
+    let interrupt = h.send("t", "/planning What's the weather in Prague?").await.interrupt.expect("pending");
+    let stale = ApprovalRef { interrupt_id: "another".into(), digest: None };
+    let refused = h.agent.answer_approval("t", &stale, ApprovalReply::Abandon, TurnOptions::default()).await;
+    assert!(matches!(refused, Err(AgentError::Run(peregrine_graph::RunError::StaleResume { .. }))), "{refused:?}");
+    let forged = ApprovalRef { interrupt_id: interrupt.id.clone(), digest: Some("0".repeat(64)) };
+    let refused = h.agent.answer_approval("t", &forged, ApprovalReply::Abandon, TurnOptions::default()).await;
+    assert!(matches!(refused, Err(AgentError::Run(peregrine_graph::RunError::ForgedResume { .. }))), "{refused:?}");
+    assert_eq!(h.agent.thread("t").await.expect("read").expect("exists").status, peregrine_agent::ThreadStatus::Interrupted);
+    let done = h
+        .agent
+        .answer_approval("t", &ApprovalRef::to(&interrupt), ApprovalReply::Abandon, TurnOptions::default())
+        .await
+        .expect("withdrawn");
+    assert_eq!(done.status, TurnStatus::Abandoned);
+    assert_eq!(done.approval.map(|answered| (answered.outcome, answered.method)), Some((ApprovalOutcome::Abandoned, None)));
+    let said = &done.state.expect("state").messages;
+    assert!(said.last().is_some_and(|message| message.role == Role::Assistant && message.content.starts_with("Cancelled:")));
+    assert!(
+        said.iter().rev().nth(1).is_some_and(|message| message.role == Role::User && message.content.contains("Prague")),
+        "no words were typed"
+    );
 }
 
 #[tokio::test]
@@ -328,12 +391,17 @@ async fn an_edited_plan_sent_with_the_approval_runs_instead() {
     let asked = h.send("t", "/planning What's the weather in Prague?").await;
     let interrupt = asked.interrupt.expect("pending");
     let edited = weather_plan("Oslo", "weather_oslo");
-    let done = h.agent.answer_approval("t", &interrupt, true, Some(edited), TurnOptions::default()).await.expect("answered");
+    let done = h
+        .agent
+        .answer_approval("t", &ApprovalRef::to(&interrupt), ApprovalReply::Approve { edit: Some(edited) }, TurnOptions::default())
+        .await
+        .expect("answered");
     assert_eq!(done.status, TurnStatus::Completed, "{:?}", done.response);
     assert!(done.state.expect("state").capability_context_data.contains("CURRENT_WEATHER", "weather_oslo"));
     assert_eq!(h.calls("ExecutionPlan").len(), 1);
     // The same interrupt cannot be answered twice.
-    let again = h.agent.answer_approval("t", &interrupt, true, None, TurnOptions::default()).await;
+    let again =
+        h.agent.answer_approval("t", &ApprovalRef::to(&interrupt), ApprovalReply::Approve { edit: None }, TurnOptions::default()).await;
     assert!(matches!(again, Err(AgentError::Run(RunError::NothingToResume { .. }))), "a consumed approval is refused: {again:?}");
     assert_eq!(h.calls("LocationExtraction").len(), 1, "the approved plan ran once");
 }
@@ -461,11 +529,24 @@ async fn acceptance_case_21_memory_saves_only_what_was_approved() {
 async fn acceptance_case_21_a_rejected_memory_save_saves_nothing() {
     let h = harness(memory_script("My shift starts at 7am"), ClassifierMode::Batched).await;
     assert_eq!(h.send("t", "Remember that my shift starts at 7am").await.status, TurnStatus::Interrupted);
-    let done = h.send("t", "no").await;
+    let done = h.send("t", "no, do not keep that").await;
     assert_eq!(done.status, TurnStatus::Completed, "{:?}", done.response);
     assert!(!h.data_dir.join("user_memory").join("ada.json").exists());
     assert_eq!(h.calls("MemoryContentExtraction").len(), 1, "a rejection does not ask again");
     assert!(last_prompt(&h.plain_calls()).contains("cancelled by the user"), "respond is told nothing was saved");
+}
+
+#[tokio::test]
+async fn acceptance_case_21_a_withdrawn_memory_save_saves_nothing_and_ends_the_turn() {
+    let h = harness(memory_script("My shift starts at 7am"), ClassifierMode::Batched).await;
+    assert_eq!(h.send("t", "Remember that my shift starts at 7am").await.status, TurnStatus::Interrupted);
+    let plain_calls = h.plain_calls().len();
+    let done = h.send("t", "cancel").await;
+    assert_eq!(done.status, TurnStatus::Abandoned, "{:?}", done.response);
+    assert!(done.response.as_deref().is_some_and(|text| text.contains("was not carried out")), "{:?}", done.response);
+    assert!(!h.data_dir.join("user_memory").join("ada.json").exists());
+    assert_eq!(h.plain_calls().len(), plain_calls, "the turn ends without another step");
+    assert_eq!(h.agent.thread("t").await.expect("read").expect("exists").status, peregrine_agent::ThreadStatus::Idle);
 }
 
 #[tokio::test]

@@ -195,6 +195,44 @@ async fn interrupts_pause_and_resume_exactly_once_and_refuse_stale_or_forged_ans
 }
 
 #[tokio::test]
+async fn an_abandoned_question_ends_the_run_unanswered_and_is_bound_like_an_answer() {
+    for (backend, checkpointer, _dir) in backends().await {
+        let runs = Arc::new(AtomicU32::new(0));
+        let graph = approval_graph(checkpointer, runs.clone());
+        let interrupt =
+            graph.run("t", TrailUpdate::default(), RunOptions::default()).await.expect(backend).interrupt().cloned().expect("paused");
+        let note = TrailUpdate { payload: Some("cancelled".into()), ..TrailUpdate::default() };
+        let mut forged = Resume::to(&interrupt, json!({"abandon": true})).with_update(note.clone());
+        forged.payload_digest = payload_digest(&json!({"write": "SR:MAG:QF1:SP", "value": 99.0}));
+        assert!(matches!(graph.abandon("t", forged).await, Err(RunError::ForgedResume { .. })), "{backend}");
+        let mut stale = Resume::to(&interrupt, json!({"abandon": true})).with_update(note.clone());
+        stale.interrupt_id = "an-old-interrupt".into();
+        assert!(matches!(graph.abandon("t", stale).await, Err(RunError::StaleResume { .. })), "{backend}");
+        let still = graph.get_state("t").await.expect(backend).expect("exists");
+        assert_eq!(still.meta.interrupt.as_ref(), Some(&interrupt), "{backend}: refused withdrawals change nothing");
+
+        let abandoned = graph.abandon("t", Resume::to(&interrupt, json!({"abandon": true})).with_update(note)).await.expect(backend);
+        assert_eq!(abandoned.meta.source, CheckpointSource::Abandon);
+        assert_eq!((abandoned.meta.interrupt.as_ref(), abandoned.meta.resume.as_ref()), (None, None), "{backend}: nothing pending");
+        assert_eq!(abandoned.next, None, "{backend}: the run ended");
+        assert_eq!(abandoned.state.payload, "cancelled", "{backend}: the record is applied");
+        let stored = graph.get_state("t").await.expect(backend).expect("exists");
+        assert_eq!((stored.meta.source, stored.next.clone()), (CheckpointSource::Abandon, None), "{backend}: stored as such");
+
+        let answer = graph.resume("t", Resume::to(&interrupt, json!({"approved": true})), RunOptions::default()).await;
+        assert!(matches!(answer, Err(RunError::NothingToResume { .. })), "{backend}: a withdrawn question takes no answer");
+        let again = graph.abandon("t", Resume::to(&interrupt, json!({"abandon": true}))).await;
+        assert!(matches!(again, Err(RunError::NothingToResume { .. })), "{backend}: nor a second withdrawal");
+        let continued = graph.continue_run("t", RunOptions::default()).await.expect(backend);
+        assert!(matches!(continued, RunOutcome::Completed { .. }), "{backend}: nothing to finish");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}: the node that asked never ran again");
+        assert!(stored.state.approved.is_empty(), "{backend}: never approved");
+        // The thread takes new runs again.
+        assert!(graph.run("t", TrailUpdate::default(), RunOptions::default()).await.is_ok(), "{backend}: idle");
+    }
+}
+
+#[tokio::test]
 async fn time_travel_forks_from_an_earlier_checkpoint_and_keeps_the_old_branch() {
     for (backend, checkpointer, _dir) in backends().await {
         let graph = counting_graph(checkpointer);

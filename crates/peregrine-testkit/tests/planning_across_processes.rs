@@ -91,7 +91,9 @@ fn revising_script() -> Script {
             Reply::json(weather_plan("Prague", "prague_weather"))
         }
     });
-    with_weather_replies(Script::new().on_schema(EXECUTION_PLAN, plans))
+    with_weather_replies(
+        Script::new().on_schema(EXECUTION_PLAN, plans).on_schema("ApprovalResponse", Reply::json(json!({"approved": false}))),
+    )
 }
 
 impl Setup {
@@ -194,13 +196,17 @@ async fn yes_in_a_new_process_runs_the_approved_plan_without_planning_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_in_a_new_process_plans_again_and_asks_again() {
+async fn a_change_request_in_a_new_process_plans_again_and_asks_again() {
     let setup = Setup::start(revising_script()).await;
     let first = setup.plan("reject").await;
 
-    let step = setup.send("reject", "no").await;
+    let step = setup.send("reject", "no, plan it another way").await;
     assert_eq!(step.outcome.status, "interrupted", "{}", step.outcome.response());
-    assert_eq!(step.counts(), counts(&[(Orchestrator, 1)]), "only a new plan; the task and classification stay");
+    assert_eq!(
+        step.counts(),
+        counts(&[(Orchestrator, 1), (LlmCall::Other, 1)]),
+        "the words are read, then only a new plan; the task and classification stay"
+    );
     let prompt = step.requests_of(Orchestrator)[0].prompt_text();
     assert!(
         prompt.contains(REJECTED_MARKER) && prompt.contains("Get the current weather in Prague"),
@@ -214,6 +220,22 @@ async fn no_in_a_new_process_plans_again_and_asks_again() {
 
     let step = setup.send("reject", "yes").await;
     setup.assert_ran_without_planning("reject", &step, "prague_weather_revised", "Prague");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_in_a_new_process_withdraws_the_plan() {
+    let setup = Setup::start(revising_script()).await;
+    setup.plan("withdraw").await;
+    assert!(setup.pending_file("withdraw").exists());
+    let step = setup.send("withdraw", "no").await;
+    assert_eq!(step.outcome.status, "abandoned", "{}", step.outcome.response());
+    assert!(step.outcome.response().starts_with("Cancelled: the execution plan was not run"), "{}", step.outcome.response());
+    assert_eq!(step.counts(), counts(&[]), "no LLM call: nothing is planned or run");
+    assert!(step.outcome.interrupt.is_none(), "nothing is pending any more");
+    assert!(!setup.pending_file("withdraw").exists(), "the withdrawn plan is gone");
+    // The thread is idle: the next message is a new turn that runs straight through.
+    let step = setup.send("withdraw", QUESTION).await;
+    assert_eq!(step.outcome.status, "completed", "{}", step.outcome.response());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

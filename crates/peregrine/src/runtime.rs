@@ -127,28 +127,3 @@ pub fn reader_agent(config: &Config, app: &dyn Application, store: Arc<dyn DynCh
     app.register(&mut registry, &services).with_context(|| format!("{} cannot register its capabilities", app.name()))?;
     Agent::builder(registry, services).checkpointer(store).build().context("the agent cannot be assembled")
 }
-
-/// Where a thread stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ThreadStatus {
-    /// Its last run finished; the next message starts a turn.
-    Idle,
-    /// It waits for an approval; the next message answers it.
-    Interrupted,
-    /// A run was cut off (crash, kill, Ctrl-C); `run --resume` finishes it.
-    Unfinished,
-}
-
-impl ThreadStatus {
-    /// The status of a thread's latest snapshot.
-    pub fn of<S>(snapshot: &peregrine_graph::StateSnapshot<S>) -> Self {
-        if snapshot.meta.interrupt.is_some() {
-            Self::Interrupted
-        } else if snapshot.next.is_some() {
-            Self::Unfinished
-        } else {
-            Self::Idle
-        }
-    }
-}

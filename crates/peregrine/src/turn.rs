@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use peregrine_agent::{Agent, AgentError, AnswerStream, Session, StreamStep, TurnOptions, TurnResult, TurnStatus};
 use peregrine_core::AgentEvent;
 use peregrine_core::events::EventKind;
-use peregrine_graph::{CheckpointSource, ListQuery, RunEvent};
+use peregrine_graph::RunEvent;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -402,35 +402,6 @@ impl TurnView for JsonView {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Approval answers
-// ---------------------------------------------------------------------------------------------
-
-/// How the answer to the interrupt `interrupt_id` on `thread` was read (approved or not), from
-/// the checkpoint that recorded it; `None` when the message was not taken as its answer.
-pub async fn recorded_answer(agent: &Agent, thread: &str, interrupt_id: &str) -> Option<bool> {
-    const PAGE: usize = 64;
-    let mut before = None;
-    loop {
-        let page = agent.graph().history(thread, ListQuery { before, limit: Some(PAGE) }).await.ok()?;
-        for meta in &page {
-            if meta.interrupt.as_ref().is_some_and(|interrupt| interrupt.id == interrupt_id) {
-                // Reached the question itself: nothing newer answered it.
-                return None;
-            }
-            if let (CheckpointSource::Resume, Some(resume)) = (meta.source, &meta.resume)
-                && resume.interrupt_id == interrupt_id
-            {
-                return Some(resume.answer.get("approved").and_then(Value::as_bool).unwrap_or(false));
-            }
-        }
-        if page.len() < PAGE {
-            return None;
-        }
-        before = page.last().map(|meta| meta.checkpoint_id);
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // stdout and stderr that never panic
 // ---------------------------------------------------------------------------------------------
 
@@ -514,7 +485,7 @@ mod tests {
     use super::*;
 
     fn result(status: TurnStatus, response: Option<&str>) -> TurnResult {
-        TurnResult { status, response: response.map(str::to_owned), interrupt: None, command: None, state: None }
+        TurnResult { response: response.map(str::to_owned), ..TurnResult::text(status, "") }
     }
 
     #[test]

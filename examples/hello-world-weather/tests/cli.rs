@@ -643,7 +643,7 @@ async fn an_answer_whose_step_was_cut_off_must_be_finished_first() {
     let server = ScriptedLlmServer::start(with_weather_replies(Script::new().on_schema(EXECUTION_PLAN, plans))).await;
     let project = Project::new(&server.base_url());
     assert_success(&project.run(&["run", "--thread", "a b", "/planning What's the weather in Prague?"]).await);
-    let mut child = project.command(&["run", "--thread", "a b", "no"]).spawn().expect("spawned");
+    let mut child = project.command(&["run", "--thread", "a b", "no, plan it differently"]).spawn().expect("spawned");
     wait_for_call(&server, LlmCall::Orchestrator, 2).await;
     child.kill().expect("killed");
     let _ = child.wait();

@@ -460,7 +460,8 @@ async fn an_approval_asked_for_on_one_process_is_answered_on_the_other() {
         assert!(shown["interrupt"].is_null(), "{}: {shown}", node.name);
     }
     // Answering again finds nothing to answer.
-    let (status, refused) = a.post(&format!("/threads/{thread}/runs/wait"), &json!({"resume": {"approved": true}})).await;
+    let (status, refused) =
+        a.post(&format!("/threads/{thread}/runs/wait"), &json!({"resume": {"approved": true, "interrupt_id": interrupt_id}})).await;
     assert_eq!((status, &refused["error"]["code"]), (StatusCode::CONFLICT, &json!("no_pending_approval")), "{refused}");
 
     // OpenAI-compatible API: `/planning` sent to A, "yes" with the same session id to B.

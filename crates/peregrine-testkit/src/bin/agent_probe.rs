@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
-use peregrine_agent::{Agent, Session, TurnOptions, TurnResult, TurnStatus};
+use peregrine_agent::{Agent, ApprovalRef, ApprovalReply, Session, TurnOptions, TurnResult};
 use peregrine_testkit::agent_fixture::weather_agent;
 use serde_json::{Map, Value, json};
 
@@ -56,19 +56,6 @@ fn parse(args: &[String]) -> anyhow::Result<Command> {
     Ok(Command { db: db.into(), data_dir: data_dir.into(), base_url: base_url.clone(), thread: thread.clone(), action })
 }
 
-fn status_name(status: TurnStatus) -> &'static str {
-    match status {
-        TurnStatus::Completed => "completed",
-        TurnStatus::Failed => "failed",
-        TurnStatus::Interrupted => "interrupted",
-        TurnStatus::Cancelled => "cancelled",
-        TurnStatus::Updated => "updated",
-        TurnStatus::Reply => "reply",
-        TurnStatus::InterfaceCommand => "interface_command",
-        TurnStatus::Exit => "exit",
-    }
-}
-
 /// The outcome line.
 fn report(result: &TurnResult) -> Value {
     let interrupt = result
@@ -87,7 +74,7 @@ fn report(result: &TurnResult) -> Value {
         })
         .unwrap_or_default();
     json!({
-        "status": status_name(result.status),
+        "status": result.status.as_str(),
         "response": result.response,
         "interrupt": interrupt,
         "plan": plan,
@@ -106,10 +93,10 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             .await
             .with_context(|| format!("the message {text:?} on '{thread}' failed"))?,
         Action::ApproveEdit(plan) => {
-            let snapshot = agent.graph().get_state(thread).await?.with_context(|| format!("thread '{thread}' has no checkpoint"))?;
-            let interrupt = snapshot.meta.interrupt.with_context(|| format!("thread '{thread}' has no pending approval"))?;
+            let found = agent.thread(thread).await?.with_context(|| format!("thread '{thread}' has no checkpoint"))?;
+            let interrupt = found.interrupt().cloned().with_context(|| format!("thread '{thread}' has no pending approval"))?;
             agent
-                .answer_approval(thread, &interrupt, true, Some(plan), TurnOptions::default())
+                .answer_approval(thread, &ApprovalRef::to(&interrupt), ApprovalReply::Approve { edit: Some(plan) }, TurnOptions::default())
                 .await
                 .with_context(|| format!("approving interrupt {} on '{thread}' failed", interrupt.id))?
         }

@@ -8,7 +8,7 @@ use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
 
 use peregrine_agent::commands::{BUILTINS, canonical_name, parse_input};
-use peregrine_agent::{Agent, Session, SlashCommand, TurnResult, TurnStatus};
+use peregrine_agent::{Agent, AgentError, Session, SlashCommand, ThreadStatus, TurnResult, TurnStatus};
 use peregrine_core::{AgentState, Role};
 use peregrine_graph::StateSnapshot;
 use peregrine_llm::roles;
@@ -26,10 +26,9 @@ use crate::cli::Failure;
 use crate::commands::run::{approval_note, cli_session};
 use crate::config::Config;
 use crate::output::{Output, Style};
-use crate::runtime::{self, ThreadStatus};
+use crate::runtime;
 use crate::turn::{
-    Driven, TextView, TurnRequest, drive, parse_thread_id, print_out, println_out, recorded_answer, text_to_print, thread_flag,
-    write_stderr,
+    Driven, TextView, TurnRequest, drive, parse_thread_id, print_out, println_out, text_to_print, thread_flag, write_stderr,
 };
 
 /// `chat` options.
@@ -138,17 +137,18 @@ impl Chat<'_> {
     /// Picks up an existing thread: shows its last exchange, offers to finish a cut-off run and
     /// repeats a pending approval question.
     async fn reopen(&mut self, input: &mut LineReader) -> anyhow::Result<Flow> {
-        let Some(snapshot) = self.agent.graph().get_state(&self.thread).await? else { return Ok(Flow::Continue) };
-        self.recap(&snapshot.state);
-        match ThreadStatus::of(&snapshot) {
-            ThreadStatus::Idle => {}
+        let Some(thread) = self.agent.thread(&self.thread).await? else { return Ok(Flow::Continue) };
+        self.recap(&thread.snapshot.state);
+        match thread.status {
+            ThreadStatus::Idle | ThreadStatus::Failed => {}
             ThreadStatus::Interrupted => {
-                if let Some(prompt) = snapshot.meta.interrupt.as_ref().and_then(|interrupt| interrupt.payload.get("user_message")) {
-                    println_out(prompt.as_str().unwrap_or_default().trim_end());
+                if let Some(prompt) = thread.interrupt().and_then(peregrine_agent::approval_prompt) {
+                    println_out(prompt.trim_end());
                 }
                 self.approval_hint();
             }
-            ThreadStatus::Unfinished => return self.offer_to_finish(&snapshot, input).await,
+            ThreadStatus::Busy => self.out.warn("a run of another process holds this thread; messages are refused until it ends"),
+            ThreadStatus::Unfinished => return self.offer_to_finish(&thread.snapshot, input).await,
         }
         Ok(Flow::Continue)
     }
@@ -211,21 +211,7 @@ impl Chat<'_> {
 
     /// `/resume`: finishes the run Ctrl-C (or a crash) cut off.
     async fn resume(&mut self) -> Flow {
-        match self.agent.graph().get_state(&self.thread).await {
-            Ok(Some(snapshot)) if ThreadStatus::of(&snapshot) == ThreadStatus::Unfinished => self.turn(TurnRequest::Continue, "").await,
-            Ok(Some(snapshot)) if ThreadStatus::of(&snapshot) == ThreadStatus::Interrupted => {
-                self.out.note("nothing to resume: the thread waits for an approval; answer yes or no (or say what to change)");
-                Flow::Continue
-            }
-            Ok(_) => {
-                self.out.note("nothing to resume: the last turn finished");
-                Flow::Continue
-            }
-            Err(error) => {
-                self.out.error(&self.config.redact(&format!("cannot read the thread: {error}")));
-                Flow::Continue
-            }
-        }
+        self.turn(TurnRequest::Continue, "").await
     }
 
     /// Drives one request and shows how it ended; `text` is the line sent (empty for a resume).
@@ -234,18 +220,9 @@ impl Chat<'_> {
         let view_out = if self.out.interactive { self.out } else { Output { stderr_tty: false, ..self.out } };
         let hint = format!("`{} chat {}` offers to finish the turn", self.bin, thread_flag(&self.thread));
         let mut view = TextView::new(view_out, hint);
-        // The question this message may answer.
-        let pending = match request {
-            TurnRequest::Send(_) => {
-                self.agent.graph().get_state(&self.thread).await.ok().flatten().and_then(|snapshot| snapshot.meta.interrupt)
-            }
-            TurnRequest::Continue => None,
-        };
         let driven = drive(&self.agent, &self.thread, request, &self.session, &mut view).await;
-        if let (Some(interrupt), Ok(_)) = (&pending, &driven.result)
-            && let Some(approved) = recorded_answer(&self.agent, &self.thread, &interrupt.id).await
-        {
-            self.out.note(&approval_note(approved));
+        if let Ok(TurnResult { approval: Some(answered), .. }) = &driven.result {
+            self.out.note(&approval_note(answered.outcome));
         }
         self.show(driven, text).await
     }
@@ -253,8 +230,12 @@ impl Chat<'_> {
     async fn show(&mut self, driven: Driven, text: &str) -> Flow {
         let result = match driven.result {
             Ok(result) => result,
-            Err(peregrine_agent::AgentError::Run(peregrine_graph::RunError::PendingResume { .. })) => {
+            Err(AgentError::Run(peregrine_graph::RunError::PendingResume { .. })) => {
                 self.out.note("this thread has a turn to finish first: /resume finishes it");
+                return Flow::Continue;
+            }
+            Err(AgentError::NothingToContinue(why)) => {
+                self.out.note(&format!("nothing to resume: {why}"));
                 return Flow::Continue;
             }
             Err(error) => {
@@ -289,7 +270,7 @@ impl Chat<'_> {
             }
             // An error report is always printed, even when part of an answer was streamed;
             // an answer only when exactly it was not streamed.
-            TurnStatus::Failed | TurnStatus::Completed | TurnStatus::Updated => {
+            TurnStatus::Failed | TurnStatus::Completed | TurnStatus::Updated | TurnStatus::Abandoned => {
                 print_answer(text_to_print(&result, &driven.streamed, None).as_deref());
             }
         }
@@ -337,9 +318,9 @@ impl Chat<'_> {
     }
 
     async fn status_text(&self, result: &TurnResult) -> String {
-        let snapshot = self.agent.graph().get_state(&self.thread).await;
-        let (status, state) = match &snapshot {
-            Ok(Some(snapshot)) => (status_name(ThreadStatus::of(snapshot)), Some(snapshot.state.clone())),
+        let thread = self.agent.thread(&self.thread).await;
+        let (status, state) = match &thread {
+            Ok(Some(thread)) => (status_name(thread.status), Some(thread.snapshot.state.clone())),
             Ok(None) => ("new (nothing sent yet)", None),
             Err(_) => ("unknown (the checkpoint store cannot be read)", result.state.clone()),
         };
@@ -366,8 +347,10 @@ impl Chat<'_> {
 fn status_name(status: ThreadStatus) -> &'static str {
     match status {
         ThreadStatus::Idle => "idle",
+        ThreadStatus::Failed => "idle (the last turn ended with an error report)",
         ThreadStatus::Interrupted => "waiting for an approval",
         ThreadStatus::Unfinished => "a turn was cut off (/resume finishes it)",
+        ThreadStatus::Busy => "a run of another process holds it",
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use peregrine_agent::{AgentError, Session, TurnResult, TurnStatus};
+use peregrine_agent::{AgentError, ApprovalOutcome, NothingToContinue, Session, TurnResult, TurnStatus};
 use peregrine_graph::RunError;
 use serde_json::{Value, json};
 
@@ -11,10 +11,9 @@ use crate::app::Application;
 use crate::cli::{EXIT_FAILURE, Failure};
 use crate::config::Config;
 use crate::output::{Output, Style};
-use crate::runtime::{self, ThreadStatus};
+use crate::runtime;
 use crate::turn::{
-    EXIT_INTERRUPTED, JsonView, TextView, TurnRequest, TurnView, check_thread_id, drive, println_out, recorded_answer, text_to_print,
-    thread_flag,
+    EXIT_INTERRUPTED, JsonView, TextView, TurnRequest, TurnView, check_thread_id, drive, println_out, text_to_print, thread_flag,
 };
 
 /// What `run --help` adds about the output and the exit codes.
@@ -87,41 +86,7 @@ async fn execute(args: &RunArgs, config: &Config, app: &dyn Application, out: &O
     // configuration is a configuration error (2).
     let store = runtime::open_store(config).await.map_err(Failure::from)?;
     let agent = runtime::agent_on(config, app, store).map_err(|error| Failure::usage(format!("{error:#}")))?;
-    let snapshot = agent.graph().get_state(thread).await.map_err(|error| Failure::from(anyhow::Error::from(error)))?;
-    let status = snapshot.as_ref().map(ThreadStatus::of);
-    let answer_pending = snapshot.as_ref().is_some_and(|snapshot| snapshot.meta.resume.is_some());
-    let request = if args.resume {
-        match status {
-            None => return Err(Failure::usage(format!("there is no thread '{thread}' to resume; `{bin} threads list` shows the threads"))),
-            Some(ThreadStatus::Idle) => {
-                return Err(Failure::usage(format!(
-                    "thread '{thread}' has no unfinished run: its last run finished; send a new message instead"
-                )));
-            }
-            Some(ThreadStatus::Interrupted) => {
-                return Err(Failure::usage(format!(
-                    "thread '{thread}' waits for an approval, not a resume; answer it: `{bin} run {flag} yes` (or no)"
-                )));
-            }
-            Some(ThreadStatus::Unfinished) => TurnRequest::Continue,
-        }
-    } else {
-        if answer_pending {
-            // An approved (or rejected) answer waits for its node: a new turn would be refused.
-            return Err(Failure::usage(finish_first(thread, bin, &flag)));
-        }
-        if status == Some(ThreadStatus::Unfinished) {
-            out.warn(&format!(
-                "thread '{thread}' has a run that was cut off; this message starts a new turn (`{bin} run {flag} --resume` would have finished it)"
-            ));
-        }
-        TurnRequest::Send(args.message.as_deref().unwrap_or_default())
-    };
-    // The question this message may answer.
-    let pending = match (request, snapshot) {
-        (TurnRequest::Send(_), Some(snapshot)) => snapshot.meta.interrupt,
-        _ => None,
-    };
+    let request = if args.resume { TurnRequest::Continue } else { TurnRequest::Send(args.message.as_deref().unwrap_or_default()) };
     let session = cli_session(args.user.as_deref());
     let abort_hint = format!("`{bin} run {flag} --resume` finishes the turn");
     let mut json_view = JsonView::new(thread);
@@ -132,6 +97,19 @@ async fn execute(args: &RunArgs, config: &Config, app: &dyn Application, out: &O
     let result = match driven.result {
         Ok(result) => result,
         Err(AgentError::Gateway(error)) => return Err(Failure::usage(error.to_string())),
+        Err(AgentError::NothingToContinue(why)) => {
+            return Err(Failure::usage(match why {
+                NothingToContinue::NoThread => {
+                    format!("there is no thread '{thread}' to resume; `{bin} threads list` shows the threads")
+                }
+                NothingToContinue::Finished => {
+                    format!("thread '{thread}' has no unfinished run: its last run finished; send a new message instead")
+                }
+                NothingToContinue::ApprovalPending => {
+                    format!("thread '{thread}' waits for an approval, not a resume; answer it: `{bin} run {flag} yes` (or no)")
+                }
+            }));
+        }
         Err(AgentError::Run(RunError::PendingResume { .. })) => return Err(Failure::usage(finish_first(thread, bin, &flag))),
         Err(AgentError::Run(error @ (RunError::Checkpoint(_) | RunError::State { .. }))) => {
             return Err(Failure { message: config.redact(&error.to_string()), code: EXIT_FAILURE });
@@ -146,18 +124,22 @@ async fn execute(args: &RunArgs, config: &Config, app: &dyn Application, out: &O
             return Ok(code);
         }
     };
-    let answered = match &pending {
-        Some(interrupt) => recorded_answer(&agent, thread, &interrupt.id).await,
-        None => None,
-    };
     if args.json {
-        if let Some(approved) = answered {
-            JsonView::emit(&json!({"type": "approval_answer", "thread_id": thread, "approved": approved}));
+        if let Some(answered) = &result.approval {
+            JsonView::emit(&json!({
+                "type": "approval_answer", "thread_id": thread, "interrupt_id": answered.interrupt_id,
+                "approved": answered.outcome == ApprovalOutcome::Approved, "outcome": answered.outcome.as_str(),
+            }));
         }
         JsonView::emit(&result_json(thread, &result, config));
     } else {
-        if let Some(approved) = answered {
-            out.note(&approval_note(approved));
+        if result.left_cut_off_run {
+            out.warn(&format!(
+                "thread '{thread}' had a run that was cut off; this message started a new turn instead (`{bin} run {flag} --resume` would have finished it)"
+            ));
+        }
+        if let Some(answered) = &result.approval {
+            out.note(&approval_note(answered.outcome));
         }
         show_text(&result, &driven.streamed, config, out, bin, &flag);
     }
@@ -184,9 +166,11 @@ fn finish_first(thread: &str, bin: &str, flag: &str) -> String {
 }
 
 /// The note when a message answered a pending approval.
-pub fn approval_note(approved: bool) -> String {
-    let outcome = if approved { "approved" } else { "rejected" };
-    format!("your message was taken as the answer to the pending approval: {outcome}")
+pub fn approval_note(outcome: ApprovalOutcome) -> String {
+    match outcome {
+        ApprovalOutcome::Abandoned => "your message withdrew the pending approval: nothing was run".to_owned(),
+        outcome => format!("your message was taken as the answer to the pending approval: {}", outcome.as_str()),
+    }
 }
 
 /// `completed`, `interrupted`, `error` or `cancelled`.
@@ -195,6 +179,7 @@ fn status_name(status: TurnStatus) -> &'static str {
         TurnStatus::Failed => "error",
         TurnStatus::Interrupted => "interrupted",
         TurnStatus::Cancelled => "cancelled",
+        TurnStatus::Abandoned => "abandoned",
         _ => "completed",
     }
 }

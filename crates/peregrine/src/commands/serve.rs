@@ -53,7 +53,6 @@ pub async fn run(args: &ServeArgs, config: &Config, app: &dyn Application, out: 
         allowed_origins: config.server.allowed_origins.clone(),
         status_lines: config.server.status_lines,
         redact: Arc::new(config.redactor()),
-        agent_data_dir: Some(config.settings.agent_data_dir.clone()),
     };
     let server = peregrine_server::Server::new(Arc::new(agent), options);
     let router = server.router();

@@ -1,17 +1,15 @@
 //! `peregrine threads list|show|history|delete`.
 
-use std::sync::Arc;
-
 use anyhow::Context as _;
-use peregrine_agent::infra::orchestrator::pending::PendingPlans;
-use peregrine_core::{AgentState, Role};
-use peregrine_graph::{DynCheckpointer, Graph, ListQuery};
+use peregrine_agent::{Agent, ThreadStatus};
+use peregrine_core::Role;
+use peregrine_graph::{CheckpointError, ListQuery, RunError};
 use serde_json::json;
 
 use crate::app::FrameworkApp;
 use crate::config::Config;
 use crate::output::{Output, Style};
-use crate::runtime::{ThreadStatus, open_store, reader_agent};
+use crate::runtime::{open_store, reader_agent};
 use crate::turn::{invoked_name, parse_thread_id, println_out, thread_flag};
 
 /// `threads` subcommands.
@@ -64,12 +62,14 @@ fn parse_limit(text: &str) -> Result<usize, String> {
 /// Runs the subcommand.
 pub async fn run(command: &ThreadsCommand, config: &Config, out: &Output) -> anyhow::Result<()> {
     let store = open_store(config).await?;
+    // Any registry decodes the state; the framework's is enough and loads no model.
+    let agent = reader_agent(config, &FrameworkApp, store)?;
     let bin = invoked_name();
     match command {
-        ThreadsCommand::List { json } => list(&store, config, *json, out).await,
-        ThreadsCommand::Show { thread, json } => show(store, config, thread, *json, out, &bin).await,
-        ThreadsCommand::History { thread, limit, json } => history(&store, thread, *limit, *json, out, &bin).await,
-        ThreadsCommand::Delete { thread } => delete(&store, config, thread, out, &bin).await,
+        ThreadsCommand::List { json } => list(&agent, *json, out).await,
+        ThreadsCommand::Show { thread, json } => show(&agent, thread, *json, out, &bin).await,
+        ThreadsCommand::History { thread, limit, json } => history(&agent, thread, *limit, *json, out, &bin).await,
+        ThreadsCommand::Delete { thread } => delete(&agent, thread, &bin).await,
     }
 }
 
@@ -77,38 +77,27 @@ fn no_such_thread(thread: &str, bin: &str) -> String {
     format!("there is no thread '{thread}'; `{bin} threads list` shows the threads")
 }
 
-fn graph(store: Arc<dyn DynCheckpointer>, config: &Config) -> anyhow::Result<Arc<Graph<AgentState>>> {
-    // Any registry decodes the state; the framework's is enough and loads no model.
-    Ok(reader_agent(config, &FrameworkApp, store)?.graph().clone())
-}
-
-async fn delete(store: &Arc<dyn DynCheckpointer>, config: &Config, thread: &str, out: &Output, bin: &str) -> anyhow::Result<()> {
-    if store.list_boxed(thread, ListQuery { before: None, limit: Some(1) }).await?.is_empty() {
-        anyhow::bail!(no_such_thread(thread, bin));
-    }
-    store.delete_thread_boxed(thread).await?;
-    // The plan that waited for the thread's approval goes with it (a later thread of the same
-    // name must not find it).
-    let plans = PendingPlans::for_thread(&config.settings.agent_data_dir, thread);
-    match std::fs::remove_dir_all(plans.dir()) {
-        Ok(()) => {}
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => out.warn(&format!("the thread is deleted, but its pending plan in {} is not: {error}", plans.dir().display())),
+async fn delete(agent: &Agent, thread: &str, bin: &str) -> anyhow::Result<()> {
+    match agent.delete_thread(thread).await {
+        Ok(true) => {}
+        Ok(false) => anyhow::bail!(no_such_thread(thread, bin)),
+        Err(RunError::Checkpoint(CheckpointError::ThreadBusy { .. })) => {
+            anyhow::bail!("thread '{thread}' is running in another process; delete it once that run has ended")
+        }
+        Err(error) => return Err(error.into()),
     }
     println_out(&format!("deleted thread '{thread}'"));
     Ok(())
 }
 
-async fn list(store: &Arc<dyn DynCheckpointer>, config: &Config, as_json: bool, out: &Output) -> anyhow::Result<()> {
-    let mut threads = store.threads_boxed().await?;
-    threads.sort_by_key(|summary| std::cmp::Reverse(summary.latest.created_at));
-    let graph = graph(store.clone(), config)?;
+async fn list(agent: &Agent, as_json: bool, out: &Output) -> anyhow::Result<()> {
+    let threads = agent.threads().await?;
     let mut rows = Vec::with_capacity(threads.len());
     for summary in &threads {
-        let snapshot = graph.get_state(&summary.thread_id).await?;
-        let status = snapshot.as_ref().map_or(ThreadStatus::Idle, ThreadStatus::of);
-        let turns = snapshot.as_ref().map_or(0, |snapshot| snapshot.state.messages.iter().filter(|m| m.role == Role::User).count());
-        rows.push((summary, status, turns));
+        // A thread deleted meanwhile is simply not listed.
+        if let Some(thread) = agent.thread(&summary.thread_id).await? {
+            rows.push((summary, thread.status, thread.turns()));
+        }
     }
     if as_json {
         let rows: Vec<_> = rows
@@ -129,7 +118,7 @@ async fn list(store: &Arc<dyn DynCheckpointer>, config: &Config, as_json: bool, 
         return Ok(());
     }
     for (summary, status, turns) in rows {
-        let status = serde_json::to_value(status)?.as_str().unwrap_or_default().to_owned();
+        let status = status.as_str();
         let row = format!(
             "{:<28} {:<12} {:>5} {:>11}  {}",
             summary.thread_id,
@@ -146,17 +135,9 @@ async fn list(store: &Arc<dyn DynCheckpointer>, config: &Config, as_json: bool, 
     Ok(())
 }
 
-async fn show(
-    store: Arc<dyn DynCheckpointer>,
-    config: &Config,
-    thread: &str,
-    as_json: bool,
-    out: &Output,
-    bin: &str,
-) -> anyhow::Result<()> {
-    let graph = graph(store, config)?;
-    let snapshot = graph.get_state(thread).await?.with_context(|| no_such_thread(thread, bin))?;
-    let status = ThreadStatus::of(&snapshot);
+async fn show(agent: &Agent, thread: &str, as_json: bool, out: &Output, bin: &str) -> anyhow::Result<()> {
+    let found = agent.thread(thread).await?.with_context(|| no_such_thread(thread, bin))?;
+    let (snapshot, status) = (&found.snapshot, found.status);
     if as_json {
         let value = json!({
             "thread_id": thread,
@@ -181,7 +162,8 @@ async fn show(
     }
     let flag = thread_flag(thread);
     let footer = match status {
-        ThreadStatus::Idle => return Ok(()),
+        ThreadStatus::Idle | ThreadStatus::Failed => return Ok(()),
+        ThreadStatus::Busy => "a run of another process holds this thread".to_owned(),
         ThreadStatus::Interrupted => {
             format!("waiting for an approval: the next message answers it (`{bin} run {flag} yes` or `… no`)")
         }
@@ -194,15 +176,8 @@ async fn show(
     Ok(())
 }
 
-async fn history(
-    store: &Arc<dyn DynCheckpointer>,
-    thread: &str,
-    limit: Option<usize>,
-    as_json: bool,
-    out: &Output,
-    bin: &str,
-) -> anyhow::Result<()> {
-    let history = store.list_boxed(thread, ListQuery { before: None, limit }).await?;
+async fn history(agent: &Agent, thread: &str, limit: Option<usize>, as_json: bool, out: &Output, bin: &str) -> anyhow::Result<()> {
+    let history = agent.history(thread, ListQuery { before: None, limit }).await?;
     if history.is_empty() {
         anyhow::bail!(no_such_thread(thread, bin));
     }
