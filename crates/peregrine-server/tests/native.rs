@@ -776,6 +776,47 @@ async fn a_plan_approval_can_be_rejected_then_approved_with_an_edit() {
 }
 
 #[tokio::test]
+async fn an_approval_can_be_withdrawn_by_id_and_digest_and_the_thread_is_idle() {
+    let served = serve(open()).await;
+    let thread = served.create_thread(ANYONE).await;
+    let asked = served.run_to_end(ANYONE, &thread, &json!({"input": PLANNING})).await;
+    let interrupt = approval_of(&asked);
+    let runs = format!("/threads/{thread}/runs");
+    for malformed in [
+        json!({"resume": {"interrupt_id": interrupt["id"], "abandon": false}}),
+        json!({"resume": {"interrupt_id": interrupt["id"], "abandon": true, "approved": true}}),
+        json!({"resume": {"interrupt_id": interrupt["id"], "abandon": true, "answer": "no"}}),
+        json!({"resume": {"abandon": true}}),
+    ] {
+        let (status, body) = served.post(ANYONE, &runs, &malformed).await;
+        assert_error(status, &body, 400, "invalid_request");
+    }
+    let forged = json!({"resume": {"interrupt_id": interrupt["id"], "digest": "0".repeat(64), "abandon": true}});
+    let (status, body) = served.post(ANYONE, &runs, &forged).await;
+    assert_error(status, &body, 409, "stale_approval");
+    assert_eq!(served.thread(ANYONE, &thread).await["status"], "interrupted", "refused withdrawals change nothing");
+
+    let withdraw = json!({"resume": {"interrupt_id": interrupt["id"], "abandon": true}});
+    let done = served.run_to_end(ANYONE, &thread, &withdraw).await;
+    assert_eq!((done["kind"].as_str(), done["status"].as_str()), (Some("resume"), Some("success")), "{done}");
+    assert_eq!(done["result"]["status"], "abandoned", "{done}");
+    assert_eq!(done["result"]["approval"]["outcome"], "abandoned", "{done}");
+    assert_eq!(done["result"]["approval"]["interrupt_id"], interrupt["id"], "{done}");
+    assert!(done["result"]["response"].as_str().is_some_and(|text| text.starts_with("Cancelled:")), "{done}");
+    assert_eq!((served.calls(LlmCall::Orchestrator), served.calls(LlmCall::CurrentWeather)), (1, 0), "no new plan, nothing ran");
+    let shown = served.thread(ANYONE, &thread).await;
+    assert_eq!((shown["status"].as_str(), shown["resumable"].as_bool()), (Some("idle"), Some(false)), "{shown}");
+    assert!(shown["interrupt"].is_null(), "{shown}");
+    let state = served.state(ANYONE, &thread).await;
+    let last = state["messages"].as_array().and_then(|messages| messages.last()).cloned().unwrap_or_default();
+    assert_eq!(last["role"], "assistant", "the withdrawal is in the history: {state}");
+    let (status, body) = served.post(ANYONE, &runs, &withdraw).await;
+    assert_error(status, &body, 409, "no_pending_approval");
+    let (status, body) = served.post(ANYONE, &runs, &json!({"continue": true})).await;
+    assert_error(status, &body, 409, "nothing_to_continue");
+}
+
+#[tokio::test]
 async fn a_message_never_answers_a_pending_approval_an_answer_in_words_names_its_question() {
     let served = serve(open()).await;
     let thread = served.create_thread(ANYONE).await;

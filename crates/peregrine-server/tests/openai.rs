@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use peregrine_agent::Agent;
-use peregrine_core::state::Role;
 use peregrine_llm::Secret;
 use peregrine_server::{CHAT_ID_HEADER, ServerOptions, StatusLines, USER_ID_HEADER, router};
 use peregrine_testkit::agent_fixture::{LlmCall, answer_reply, call_counts, weather_agent, weather_script, with_weather_replies};
@@ -75,13 +74,12 @@ impl Served {
 
     /// The ids of the agent's threads.
     async fn threads(&self) -> Vec<String> {
-        self.agent.graph().threads().await.unwrap().into_iter().map(|thread| thread.thread_id).collect()
+        self.agent.threads().await.unwrap().into_iter().map(|thread| thread.thread_id).collect()
     }
 
     /// How many user messages the thread's state holds (the turns it ran).
     async fn user_messages(&self, thread_id: &str) -> usize {
-        let snapshot = self.agent.graph().get_state(thread_id).await.unwrap().unwrap();
-        snapshot.state.messages.iter().filter(|message| message.role == Role::User).count()
+        self.agent.thread(thread_id).await.unwrap().unwrap().turns()
     }
 }
 
@@ -206,6 +204,59 @@ async fn an_approval_is_answered_by_the_next_request() {
     assert!(content(&done).contains("Weather in Prague"), "{done}");
     assert_eq!(served.calls(LlmCall::Orchestrator), 1, "the approved plan runs without planning again");
     assert_eq!(served.calls(LlmCall::CurrentWeather), 1);
+}
+
+#[tokio::test]
+async fn yes_answers_only_the_approval_its_conversation_showed() {
+    let served = serve(weather_script(), options()).await;
+    // One conversation (Open WebUI's session id), two windows: the first saw an answer, the
+    // second then asked for a plan in planning mode.
+    let session = |messages: Value| served.post(&json!({"model": MODEL, "messages": messages})).header("X-Session-Id", "two-windows");
+    let answered: Value = session(json!([user(QUESTION)])).send().await.unwrap().json().await.unwrap();
+    let first_answer = content(&answered);
+    let asked: Value =
+        session(json!([user(QUESTION), assistant(&first_answer), user(PLANNING)])).send().await.unwrap().json().await.unwrap();
+    let prompt = content(&asked);
+    assert!(prompt.contains("HUMAN APPROVAL REQUIRED"), "{prompt}");
+    let weather_calls = served.calls(LlmCall::CurrentWeather);
+
+    // The first window, which never showed the plan, says "yes": not an answer to it.
+    let blind: Value = session(json!([user(QUESTION), assistant(&first_answer), user("yes")])).send().await.unwrap().json().await.unwrap();
+    let note = content(&blind);
+    assert!(note.contains("not shown here") && note.contains("HUMAN APPROVAL REQUIRED"), "the note shows the question: {note}");
+    assert_eq!(served.calls(LlmCall::CurrentWeather), weather_calls, "nothing ran");
+    let thread = served.threads().await.into_iter().next().expect("the conversation's thread");
+    let waiting = served.agent.thread(&thread).await.unwrap().unwrap();
+    assert_eq!(waiting.status, peregrine_agent::ThreadStatus::Interrupted, "still waiting for its answer");
+
+    // Once shown (in the note), "yes" answers it.
+    let done: Value = session(json!([user(QUESTION), assistant(&first_answer), user("yes"), assistant(&note), user("yes")]))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(content(&done).contains("Weather in Prague"), "{done}");
+    assert_eq!(served.calls(LlmCall::CurrentWeather), weather_calls + 1);
+}
+
+#[tokio::test]
+async fn no_withdraws_the_approval_and_the_conversation_goes_on() {
+    let served = serve(weather_script(), options()).await;
+    let (_, asked) = served.chat(json!([user(PLANNING)])).await;
+    let prompt = content(&asked);
+    let (status, withdrawn) = served.chat(json!([user(PLANNING), assistant(&prompt), user("no")])).await;
+    assert_eq!(status, 200, "{withdrawn}");
+    let said = content(&withdrawn);
+    assert!(said.contains("Cancelled: the execution plan was not run"), "{said}");
+    assert!(said.starts_with(&format!("{}\n\n", mark_in(&prompt))), "the conversation's mark opens it: {said:?}");
+    assert_eq!((served.calls(LlmCall::Orchestrator), served.calls(LlmCall::CurrentWeather)), (1, 0), "no new plan, nothing ran");
+    let thread = served.threads().await.into_iter().next().expect("the conversation's thread");
+    assert_eq!(served.agent.thread(&thread).await.unwrap().unwrap().status, peregrine_agent::ThreadStatus::Idle);
+    let (status, next) = served.chat(json!([user(PLANNING), assistant(&prompt), user("no"), assistant(&said), user(QUESTION)])).await;
+    assert_eq!(status, 200, "{next}");
+    assert!(content(&next).contains("Weather in Prague"), "a new turn: {next}");
 }
 
 #[tokio::test]

@@ -178,10 +178,11 @@ async fn the_web_ui_runs_a_turn_and_a_plan_approval_in_chromium() {
     eprintln!("screenshot: {}", screenshot.display());
     assert!(std::fs::metadata(&screenshot).is_ok_and(|meta| meta.len() > 0), "no screenshot at {}", screenshot.display());
 
-    // Six questions: plain, in planning mode (approved with the button), in planning mode
-    // (approved by typing yes), plain with its stream cut and followed again, the long answer, and
-    // the one sent right after picking the thread. The page's synthetic runs reach no LLM.
-    assert_eq!(served.calls(LlmCall::Orchestrator), 6, "one plan per question; an approved plan runs without planning again");
+    // Seven questions: plain, in planning mode (approved with the button), in planning mode
+    // (approved by typing yes), in planning mode (cancelled: planned, nothing ran), plain with its
+    // stream cut and followed again, the long answer, and the one sent right after picking the
+    // thread. The page's synthetic runs reach no LLM.
+    assert_eq!(served.calls(LlmCall::Orchestrator), 7, "one plan per question; an approved plan runs without planning again");
     assert_eq!(served.calls(LlmCall::CurrentWeather), 6, "the weather step ran once per question");
     assert_eq!(served.calls(LlmCall::Respond), 6, "one streamed answer per question; a reconnect runs nothing again");
     assert_eq!(served.calls(LlmCall::Other), 0, "typing yes answers the approval without asking the LLM what it means");

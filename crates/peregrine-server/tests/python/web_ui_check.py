@@ -208,6 +208,28 @@ def check_typed_approval(page):
     no_error_banner(page, "after the typed approval")
 
 
+def check_cancelled_approval(page):
+    step("planning mode still ticked: Cancel withdraws the plan; nothing runs and the thread is idle")
+    check(page.is_checked("#planning-mode"), "planning mode is no longer ticked")
+    done = int(page.locator("body").get_attribute("data-runs-finished") or "0")
+    answers = page.locator(".message.assistant").count()
+    page.fill("#message-input", QUESTION)
+    page.press("#message-input", "Enter")
+    expect(page.locator("#approval")).to_be_visible(timeout=TURN_TIMEOUT_MS)
+    runs_finished(page, done + 1)
+    expect(page.locator("#abandon")).to_be_enabled()
+    page.click("#abandon")
+    expect(page.locator("#approval")).to_be_hidden(timeout=STEP_TIMEOUT_MS)
+    expect(page.locator(".message.user").last).to_have_text("Cancelled", timeout=STEP_TIMEOUT_MS)
+    runs_finished(page, done + 2)
+    expect(page.locator("body")).to_have_attribute("data-last-run-status", "success")
+    expect(page.locator(".message.assistant")).to_have_count(answers + 1)
+    expect(page.locator(".message.assistant").last).to_contain_text("Cancelled: the execution plan was not run")
+    expect(page.locator("#composer-hint")).to_be_hidden()
+    expect(page.locator("#status")).not_to_have_attribute("data-state", "waiting")
+    no_error_banner(page, "after the cancelled approval")
+
+
 def check_long_answer(page, pieces, end):
     step(f"a long answer ({pieces} token events) is shown whole, once, and the page still answers")
     done = int(page.locator("body").get_attribute("data-runs-finished") or "0")
@@ -573,6 +595,7 @@ def main():
             try:
                 thread_id, first_answer = run_flow(page, base_url, key, approval_screenshot)
                 check_typed_approval(page)
+                check_cancelled_approval(page)
                 check_reconnect(page, first_answer)
                 check_long_answer(page, long_pieces, long_end)
                 page.screenshot(path=screenshot, full_page=True)
