@@ -451,6 +451,12 @@ impl Agent {
                 Pending::AnswerIfShown(_) => {}
             }
         }
+        if let (None, Pending::AnswerIfShown(shown)) = (&pending, policy)
+            && crate::gateway::keyword_answer(text).is_some()
+            && let Some(late) = self.answered_elsewhere(thread_id, shown).await?
+        {
+            return Ok(late);
+        }
         let sink = options.events.as_ref().map(StreamSink);
         let events = sink.as_ref().map(|sink| sink as &dyn EventSink);
         // Cancelled before anything was written (an approval answer can take an LLM call): the
@@ -467,8 +473,29 @@ impl Agent {
         }
         let before = state.as_ref().map_or(0, |state| state.messages.len());
         let leaves_cut_off = matches!(action, GatewayAction::Run(_)) && snapshot.as_ref().is_some_and(crate::threads::mid_run);
-        let result = self.act(thread_id, action, pending.as_ref(), state, before, &options).await?;
+        // A plan editor's file is the terminal's way to edit a plan; an answer from a client
+        // that showed the plan approves what it showed.
+        let disk_edit = matches!(policy, Pending::Answer);
+        let result = self.act(thread_id, action, pending.as_ref(), state, before, disk_edit, &options).await?;
         Ok(TurnResult { left_cut_off_run: leaves_cut_off, ..result })
+    }
+
+    /// A yes/no written to a question that is no longer pending (answered or withdrawn in
+    /// another window or process meanwhile): `shown` ends with one of the thread's recent
+    /// questions. Said so, and nothing runs — a late "no" must not become a new turn while the
+    /// action it meant to stop has run.
+    async fn answered_elsewhere(&self, thread_id: &str, shown: &str) -> Result<Option<TurnResult>, RunError> {
+        const RECENT: usize = 64;
+        let recent = self.graph.history(thread_id, peregrine_graph::ListQuery { before: None, limit: Some(RECENT) }).await?;
+        let asked = recent.iter().filter_map(|meta| meta.interrupt.as_ref()).any(|interrupt| question_shown(interrupt, shown));
+        Ok(asked.then(|| {
+            TurnResult::text(
+                TurnStatus::Reply,
+                "The approval you answered is no longer pending: it was answered or withdrawn elsewhere (another window or \
+                 process) in the meantime, so your answer changed nothing. The conversation shows what happened; say what you \
+                 want to do next.",
+            )
+        }))
     }
 
     /// The answer to a message that would have answered a question its client never showed.
@@ -539,10 +566,12 @@ impl Agent {
         if options.cancel.is_cancelled() {
             return Ok(TurnResult::bare(TurnStatus::Cancelled, state));
         }
-        self.act(thread_id, action, Some(&interrupt), state, before, &options).await
+        self.act(thread_id, action, Some(&interrupt), state, before, false, &options).await
     }
 
-    /// Carries out what the gateway decided.
+    /// Carries out what the gateway decided; `disk_edit`: an approved plan takes a plan
+    /// editor's file (the terminal).
+    #[allow(clippy::too_many_arguments, reason = "the turn's parts, each used once")]
     async fn act(
         &self,
         thread_id: &str,
@@ -550,6 +579,7 @@ impl Agent {
         pending: Option<&PendingInterrupt>,
         state: Option<Arc<AgentState>>,
         before: usize,
+        disk_edit: bool,
         options: &TurnOptions,
     ) -> Result<TurnResult, AgentError> {
         match action {
@@ -558,7 +588,7 @@ impl Agent {
                 Ok(Self::result(outcome, before))
             }
             GatewayAction::Resume { mut resume, approved, method } => {
-                if let Some(interrupt) = pending {
+                if let Some(interrupt) = pending.filter(|_| disk_edit) {
                     self.attach_plan_edit(thread_id, interrupt, &mut resume.answer);
                 }
                 let outcome = if approved { ApprovalOutcome::Approved } else { ApprovalOutcome::Rejected };
@@ -672,9 +702,42 @@ pub fn approval_prompt(interrupt: &PendingInterrupt) -> Option<&str> {
     interrupt.payload.get("user_message").and_then(Value::as_str).filter(|text| !text.trim().is_empty())
 }
 
-/// Whether `shown` holds the question of `interrupt` (whitespace aside: clients trim and rewrap).
+/// Whether `shown` ends with the question of `interrupt` (an approval prompt, and the note
+/// that repeats one, end with the question), line endings and trailing spaces aside: clients
+/// trim what they resend and may turn `\r\n` into `\n`.
 fn question_shown(interrupt: &PendingInterrupt, shown: &str) -> bool {
     let Some(question) = approval_prompt(interrupt) else { return false };
-    let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
-    words(shown).contains(&words(question))
+    let lines = |text: &str| text.lines().map(str::trim_end).collect::<Vec<_>>().join("\n").trim().to_owned();
+    let question = lines(question);
+    !question.is_empty() && lines(shown).ends_with(&question)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn asking(question: &str) -> PendingInterrupt {
+        let payload = serde_json::json!({"approval_type": "orchestrator_plan", "user_message": question});
+        PendingInterrupt { id: "i".into(), node: "orchestrator".into(), digest: peregrine_graph::payload_digest(&payload), payload }
+    }
+
+    #[test]
+    fn a_question_counts_as_shown_only_at_the_end_of_what_was_shown() {
+        let plan = asking("**HUMAN APPROVAL REQUIRED**\n\n1. current_weather  \n2. respond\n\nReply yes or no.");
+        // As streamed, after progress lines and the mark; resent with CRLF and trimmed.
+        assert!(question_shown(
+            &plan,
+            "\u{2060}mark\n\n> planning…\n**HUMAN APPROVAL REQUIRED**\n\n1. current_weather\n2. respond\n\nReply yes or no."
+        ));
+        assert!(question_shown(&plan, "**HUMAN APPROVAL REQUIRED**\r\n\r\n1. current_weather\r\n2. respond\r\n\r\nReply yes or no.\n\n"));
+        // An answer that quotes the question and goes on, another question, a rewrapped one.
+        assert!(!question_shown(&plan, "**HUMAN APPROVAL REQUIRED**\n\n1. current_weather\n2. respond\n\nReply yes or no. And then?"));
+        assert!(!question_shown(&plan, "**HUMAN APPROVAL REQUIRED**\n\n1. current_weather\n2. memory\n\nReply yes or no."));
+        assert!(!question_shown(&plan, "**HUMAN APPROVAL REQUIRED** 1. current_weather 2. respond Reply yes or no."));
+        assert!(!question_shown(&plan, ""));
+        // A question with no text is never shown.
+        assert!(!question_shown(&asking("   "), "anything"));
+        let no_text = PendingInterrupt { payload: serde_json::json!({"approval_type": "x"}), ..asking("") };
+        assert!(!question_shown(&no_text, "anything"));
+    }
 }

@@ -176,19 +176,15 @@ pub fn keyword_answer(text: &str) -> Option<bool> {
 /// action did not run.
 pub(crate) fn abandonment(interrupt: &PendingInterrupt, text: Option<&str>) -> Resume<AgentStateUpdate> {
     let now = Utc::now();
-    let what = match interrupt.payload.get("approval_type").and_then(Value::as_str) {
-        Some(crate::infra::orchestrator::PLAN_APPROVAL_TYPE) => "the execution plan was not run",
-        _ => "the action that waited for approval was not carried out",
+    let note = match interrupt.payload.get("approval_type").and_then(Value::as_str) {
+        Some(crate::infra::orchestrator::PLAN_APPROVAL_TYPE) => "Cancelled: the execution plan was not run. Ask again whenever you like.",
+        _ => "Cancelled: the action that waited for approval was not carried out (steps that ran before it are not undone).",
     };
     let mut messages = Vec::with_capacity(2);
     if let Some(text) = text.map(str::trim).filter(|text| !text.is_empty()) {
         messages.push(Message::new(peregrine_core::Role::User, text, now));
     }
-    messages.push(Message::new(
-        peregrine_core::Role::Assistant,
-        format!("Cancelled: {what}. Nothing was changed; ask again whenever you like."),
-        now,
-    ));
+    messages.push(Message::new(peregrine_core::Role::Assistant, note, now));
     let update = AgentStateUpdate { messages, ..AgentStateUpdate::default() };
     Resume::to(interrupt, serde_json::json!({ "abandon": true })).with_update(update)
 }

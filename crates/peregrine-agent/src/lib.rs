@@ -21,6 +21,7 @@ pub mod settings;
 #[cfg(test)]
 mod test_support;
 pub mod threads;
+pub mod wire;
 
 pub use agent::{
     Agent, AgentBuilder, AgentError, AnsweredApproval, ApprovalOutcome, ApprovalRef, ApprovalReply, NothingToContinue, PromptOverrides,

@@ -277,7 +277,7 @@ fn the_live_line_fits_the_terminal_and_a_dumb_terminal_gets_none() {
     session.send_line("What is the beam energy?").expect("send");
     let shown = expect(&mut session, "First answer.", "the answer");
     assert!(shown.contains("\x1b[2K"), "a live line is drawn: {shown:?}");
-    assert!(shown.contains("extracting") && !shown.contains("extracting the task"), "cut to 24 columns: {shown:?}");
+    assert!(shown.contains("understanding") && !shown.contains("understanding the request"), "cut to 24 columns: {shown:?}");
     expect(&mut session, "you> ", "the prompt after the answer");
     leave(session);
 

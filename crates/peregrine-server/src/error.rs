@@ -219,6 +219,16 @@ impl From<AgentError> for ApiError {
                  sent. Continue that answer first (Open WebUI: Continue Response), then send your message again.",
             ),
             AgentError::NothingToContinue(why) => crate::continuation::nothing_to_continue(why),
+            AgentError::Run(
+                RunError::StaleResume { .. }
+                | RunError::ForgedResume { .. }
+                | RunError::NothingToResume { .. }
+                | RunError::PendingInterrupt { .. },
+            ) => ApiError::conflict(
+                "approval_changed",
+                "The approval this message answered was answered, withdrawn or replaced in the meantime (another window or \
+                 process), so nothing was done. Send the message again to see where the conversation stands.",
+            ),
             AgentError::Run(error) => ApiError::server_error(format!("The agent could not finish the turn: {error}")),
             other => ApiError::server_error(format!("The agent could not handle the message: {other}")),
         }

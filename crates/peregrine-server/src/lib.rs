@@ -37,17 +37,20 @@
 //!
 //! Thread = `{"thread_id","created_at","updated_at","status","resumable","title","messages","interrupt"}`
 //! with `status` one of `idle`, `busy` (a run holds it, here or in another process), `interrupted`
-//! (an approval is pending: `interrupt` = `{"id","node","approval_type","message","payload"}`;
+//! (an approval is pending: `interrupt` = `{"id","digest","node","approval_type","message","payload"}`;
 //! a plan approval's `payload.execution_plan` is the plan), `error` (the last turn ended in the
 //! error node, or a run was cut off: then `resumable` is true).
 //!
 //! Runs (`POST` bodies: exactly one of `{"input": "text"}`, `{"resume": {"approved": bool,
 //! "interrupt_id": "…", "plan"?: <edited plan>}}`, `{"resume": {"interrupt_id": "…", "answer":
-//! "text"}}` (an approval answered in words: yes/no keywords, else the LLM reads them),
-//! `{"continue": true}`; optional `"user"`). A message (`input`) is never taken as an approval's
-//! answer: on a thread waiting for one it is refused with 409 `approval_pending`, and an answer
-//! comes as a `resume` naming the question shown by its `interrupt_id` (400 without it), so an
-//! answer never reaches a question asked after it was given: 409 `stale_approval`.
+//! "text"}}` (an approval answered in words: yes approves, no/cancel withdraw it, other words
+//! are read by the LLM), `{"resume": {"interrupt_id": "…", "abandon": true}}` (the approval is
+//! withdrawn unanswered: nothing runs, the withdrawal is recorded in the history and the thread
+//! is idle; result status `abandoned`), `{"continue": true}`; optional `"user"`; a `resume` may
+//! add the interrupt's `"digest"`, checked when given). A message (`input`) is never taken as an
+//! approval's answer: on a thread waiting for one it is refused with 409 `approval_pending`, and
+//! an answer comes as a `resume` naming the question shown by its `interrupt_id` (400 without
+//! it), so an answer never reaches a question asked after it was given: 409 `stale_approval`.
 //! - `POST /threads/{id}/runs` → 201 Run, once the run holds the thread and its input (message
 //!   or answer) is durable in the checkpoint store (409 `thread_busy` if another run holds it); `POST …/runs/stream` → its events as SSE; `POST …/runs/wait` → the Run
 //!   once it ended.
@@ -56,7 +59,9 @@
 //!   `?last_event_id=N`), `POST …/runs/{run}/cancel` → 202.
 //!
 //! Run = `{"run_id","thread_id","kind":"message|resume|continue","status":"running|success|error|interrupted|cancelled",
-//! "created_at","finished_at","result":{"status","response","interrupt"}|null,"error":{"message","code","http_status"}|null}`.
+//! "created_at","finished_at","result":{"status","response","interrupt","approval"}|null,"error":{"message","code","http_status"}|null}`
+//! (`approval`: which pending approval the run answered and how, `{"interrupt_id","outcome":
+//! "approved|rejected|abandoned","read_by":"keyword|llm|fallback"|null}`).
 //! A run is a task of its own: a client that disconnects from its stream does not stop it, and
 //! can reconnect. Runs are kept in memory by the process that started them: every running run,
 //! and of the finished ones the last 1,000 and at most 128 MiB of events, each for at least a
@@ -261,8 +266,12 @@
 //! starts it. One-shot calls, regenerations and requests mistaken for turns each create an
 //! `oai-` thread that stays in the store; `peregrine threads delete` or `DELETE /threads/{id}`
 //! removes them. A first turn that ends in an approval prompt leaves it pending on its thread,
-//! so the next request (the history with the prompt, then `yes` or `no`) answers it; the agent's
-//! gateway reads the last user message. The last user message is the turn's input; the earlier
+//! so the next request (the history with the prompt, then `yes`, `no`/`cancel` to withdraw it,
+//! or words that say what to change) answers it; the agent's gateway reads the last user
+//! message. It answers the approval only when the answer just before it in the history shows
+//! that approval's question: a message written in a window that never showed it (another tab,
+//! another client of the same conversation) changes nothing and is answered with the question
+//! and a note, so `yes` approves only what the person saw. The last user message is the turn's input; the earlier
 //! messages only identify the conversation (the agent keeps its own history in its checkpoints,
 //! so a later message edited in the client is not edited there). The session's user id is the
 //! `user` field, else header `X-OpenWebUI-User-Id`, else `api`, prefixed with `<first 16 hex

@@ -609,6 +609,7 @@ fn run_error(state: &ServerState, thread_id: &str, error: AgentError) -> ApiErro
         }
         AgentError::Run(RunError::PendingInterrupt { .. }) => approval_pending(thread_id),
         AgentError::Run(RunError::NotFound { checkpoint_id: None, .. }) => ApiError::thread_not_found(thread_id),
+        AgentError::NothingToContinue(peregrine_agent::NothingToContinue::NoThread) => ApiError::thread_not_found(thread_id),
         AgentError::NothingToContinue(why) => {
             ApiError::conflict("nothing_to_continue", format!("Thread '{thread_id}' has no cut-off run to continue: {why}."))
         }

@@ -4,7 +4,7 @@
 //! conversation known by its nonce, its first paragraph), and the token usage of the turn's LLM
 //! calls.
 
-use peregrine_agent::{AnswerStream, CLASSIFIER, ERROR, ORCHESTRATOR, StreamStep, TASK_EXTRACTION};
+use peregrine_agent::{AnswerStream, StreamStep};
 use peregrine_core::AgentEvent;
 use peregrine_core::events::EventKind;
 use peregrine_graph::RunEvent;
@@ -234,20 +234,19 @@ impl TurnTrace {
     }
 }
 
-/// The status of a framework node starting (capability steps have their own event).
+/// The status of a framework node starting (capability steps have their own event; the answer
+/// nodes show their answer instead).
 fn node_status(node: &str) -> Option<String> {
-    let status = match node {
-        TASK_EXTRACTION => "understanding the request",
-        CLASSIFIER => "choosing capabilities",
-        ORCHESTRATOR => "planning",
-        ERROR => "analysing the error",
-        _ => return None,
-    };
-    Some(status.to_owned())
+    if node == peregrine_core::plan::RESPOND || node == peregrine_core::plan::CLARIFY {
+        return None;
+    }
+    peregrine_agent::wire::node_activity(node).map(str::to_owned)
 }
 
 #[cfg(test)]
 mod tests {
+    use peregrine_agent::{ERROR, ORCHESTRATOR, TASK_EXTRACTION};
+
     use super::*;
 
     fn custom(kind: EventKind) -> RunEvent<AgentEvent> {

@@ -9,10 +9,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use chrono::{DateTime, Utc};
+use peregrine_agent::wire::event_json;
+pub(crate) use peregrine_agent::wire::{interrupt_json, strip_local_paths as strip_server_paths};
 use peregrine_agent::{TurnResult, TurnStatus};
 use peregrine_core::AgentEvent;
-use peregrine_graph::{PendingInterrupt, RunEvent};
-use serde_json::{Map, Value, json};
+use peregrine_graph::RunEvent;
+use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -399,36 +401,6 @@ pub(crate) fn redact_value(redact: &Redact, value: &Value) -> Value {
     serde_json::from_str(&redacted).unwrap_or(Value::String(redacted))
 }
 
-/// `value` without the server-side file paths an approval payload names (the pending plan
-/// files live on the disk of the process that asked).
-pub(crate) fn strip_server_paths(value: &mut Value) {
-    match value {
-        Value::Object(fields) => {
-            fields.remove("pending_plans_dir");
-            fields.remove("plan_file_path");
-            fields.values_mut().for_each(strip_server_paths);
-        }
-        Value::Array(items) => items.iter_mut().for_each(strip_server_paths),
-        _ => {}
-    }
-}
-
-/// The API's form of a pending approval.
-pub(crate) fn interrupt_json(interrupt: &PendingInterrupt) -> Value {
-    let text = |key: &str| interrupt.payload.get(key).and_then(Value::as_str).map(str::to_owned);
-    // What is to be approved (a plan approval's `execution_plan`, …), without the envelope the
-    // approval node wraps it in, nor the paths of files on the server's disk.
-    let mut payload = interrupt.payload.get("resume_payload").unwrap_or(&interrupt.payload).clone();
-    strip_server_paths(&mut payload);
-    json!({
-        "id": interrupt.id,
-        "node": interrupt.node,
-        "approval_type": text("approval_type"),
-        "message": text("user_message"),
-        "payload": payload,
-    })
-}
-
 fn result_json(result: &TurnResult) -> Value {
     let status = result.status.as_str();
     let response = result.response.clone().or_else(|| match result.status {
@@ -436,55 +408,8 @@ fn result_json(result: &TurnResult) -> Value {
         TurnStatus::Exit => Some("There is nothing to leave here; start a new thread instead.".to_owned()),
         _ => None,
     });
-    let approval = result.approval.as_ref().map(|answered| {
-        json!({"interrupt_id": answered.interrupt_id, "outcome": answered.outcome.as_str(), "read_by": answered.method.map(|method| method.as_str())})
-    });
+    let approval = result.approval.as_ref().map(peregrine_agent::wire::approval_json);
     json!({"status": status, "response": response, "interrupt": result.interrupt.as_ref().map(interrupt_json), "approval": approval})
-}
-
-/// The SSE name and data of an event; `None` for events an interface has no use for.
-fn event_json(event: &RunEvent<AgentEvent>) -> Option<(&'static str, Value)> {
-    let named = match event {
-        RunEvent::RunStarted { thread_id, run_id } => ("run_started", json!({"thread_id": thread_id, "run_id": run_id})),
-        RunEvent::NodeStarted { node, step } => ("node_started", json!({"node": node, "step": step})),
-        RunEvent::Waiting { node, delay } => ("waiting", json!({"node": node, "delay_ms": delay.as_millis()})),
-        RunEvent::NodeFinished { node, step, checkpoint_id, duration } => {
-            ("node_finished", json!({"node": node, "step": step, "checkpoint_id": checkpoint_id, "duration_ms": duration.as_millis()}))
-        }
-        RunEvent::Interrupted { interrupt } => ("interrupt", interrupt_json(interrupt)),
-        RunEvent::RunFinished { last_node } => ("run_finished", json!({"last_node": last_node})),
-        RunEvent::Custom(event) => return agent_event_json(event),
-        _ => return None,
-    };
-    Some(named)
-}
-
-/// An agent event under its kind's name (`plan_created`, `capability_start`, …; answer pieces
-/// as `token`), with its timestamp and component.
-fn agent_event_json(event: &AgentEvent) -> Option<(&'static str, Value)> {
-    let Value::Object(mut fields) = serde_json::to_value(event).ok()? else { return None };
-    let kind = fields.remove("event");
-    let name = match kind.as_ref().and_then(Value::as_str)? {
-        "llm_token" => "token",
-        "status" => "status",
-        "phase_start" => "phase_start",
-        "phase_complete" => "phase_complete",
-        "task_extracted" => "task_extracted",
-        "capabilities_selected" => "capabilities_selected",
-        "plan_created" => "plan_created",
-        "capability_start" => "capability_start",
-        "capability_complete" => "capability_complete",
-        "llm_request" => "llm_request",
-        "llm_response" => "llm_response",
-        "approval_required" => "approval_required",
-        "approval_received" => "approval_received",
-        "error" => "error",
-        _ => "event",
-    };
-    if name == "event" {
-        fields.insert("kind".to_owned(), kind.unwrap_or(Value::Null));
-    }
-    Some((name, Value::Object(Map::from_iter(fields))))
 }
 
 #[cfg(test)]

@@ -814,6 +814,8 @@ async fn an_approval_can_be_withdrawn_by_id_and_digest_and_the_thread_is_idle() 
     assert_error(status, &body, 409, "no_pending_approval");
     let (status, body) = served.post(ANYONE, &runs, &json!({"continue": true})).await;
     assert_error(status, &body, 409, "nothing_to_continue");
+    let (status, body) = served.post(ANYONE, "/threads/no-such-thread/runs", &json!({"continue": true})).await;
+    assert_error(status, &body, 404, "thread_not_found");
 }
 
 #[tokio::test]

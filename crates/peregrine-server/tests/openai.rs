@@ -239,6 +239,20 @@ async fn yes_answers_only_the_approval_its_conversation_showed() {
         .unwrap();
     assert!(content(&done).contains("Weather in Prague"), "{done}");
     assert_eq!(served.calls(LlmCall::CurrentWeather), weather_calls + 1);
+
+    // The second window, which showed the plan, says "no" late: the plan has run meanwhile.
+    // That is said, and the "no" is not a new turn.
+    let turns = served.calls(LlmCall::TaskExtraction);
+    let late: Value = session(json!([user(QUESTION), assistant(&first_answer), user(PLANNING), assistant(&prompt), user("no")]))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(content(&late).contains("no longer pending"), "{late}");
+    assert_eq!(served.calls(LlmCall::TaskExtraction), turns, "no new turn");
+    assert_eq!(served.agent.thread(&thread).await.unwrap().unwrap().status, peregrine_agent::ThreadStatus::Idle);
 }
 
 #[tokio::test]

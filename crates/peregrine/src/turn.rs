@@ -25,8 +25,12 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 /// What to do on the thread.
 #[derive(Debug, Clone, Copy)]
 pub enum TurnRequest<'a> {
-    /// A message (a new turn, an approval answer or a command).
+    /// A message (a new turn, an approval answer or a command); it answers whatever approval is
+    /// pending (the one-shot `run`, whose person saw the question in an earlier process).
     Send(&'a str),
+    /// A message written after the person saw `shown`, the approval question this terminal
+    /// printed last: it answers a pending approval only when that is the one shown.
+    SendAfter(&'a str, Option<&'a str>),
     /// Finish the run that was cut off.
     Continue,
 }
@@ -67,6 +71,7 @@ pub async fn drive(agent: &Agent, thread: &str, request: TurnRequest<'_>, sessio
     let turn = async {
         match request {
             TurnRequest::Send(text) => agent.send(thread, text, session, options).await,
+            TurnRequest::SendAfter(text, shown) => agent.send_after(thread, text, shown, session, options).await,
             TurnRequest::Continue => agent.continue_turn(thread, options).await,
         }
     };
@@ -241,15 +246,7 @@ fn truncate(text: &str, max: usize) -> String {
 
 /// The one-line description of a node starting.
 fn node_status(node: &str) -> Option<String> {
-    Some(match node {
-        "task_extraction" => "extracting the task".to_owned(),
-        "classifier" => "selecting capabilities".to_owned(),
-        "orchestrator" => "planning".to_owned(),
-        "respond" => "writing the answer".to_owned(),
-        "clarify" => "asking for clarification".to_owned(),
-        "error" => "reporting the error".to_owned(),
-        _ => return None,
-    })
+    peregrine_agent::wire::node_activity(node).map(str::to_owned)
 }
 
 impl TurnView for TextView {
@@ -349,32 +346,6 @@ impl JsonView {
     }
 }
 
-/// The JSON form of an event: `{"type": …}` with durations in milliseconds, answer tokens as
-/// `{"type":"token","content":…}` and domain events as `{"type":"event","event":…,…}`.
-pub fn event_json(event: &RunEvent<AgentEvent>) -> Value {
-    match event {
-        RunEvent::RunStarted { thread_id, run_id } => json!({"type": "run_started", "thread_id": thread_id, "run_id": run_id}),
-        RunEvent::NodeStarted { node, step } => json!({"type": "node_started", "node": node, "step": step}),
-        RunEvent::Waiting { node, delay } => json!({"type": "waiting", "node": node, "delay_ms": delay.as_millis() as u64}),
-        RunEvent::NodeFinished { node, step, checkpoint_id, duration } => json!({
-            "type": "node_finished", "node": node, "step": step, "checkpoint_id": checkpoint_id, "duration_ms": duration.as_millis() as u64
-        }),
-        RunEvent::Interrupted { interrupt } => json!({"type": "interrupted", "interrupt": interrupt}),
-        RunEvent::RunFinished { last_node } => json!({"type": "run_finished", "last_node": last_node}),
-        RunEvent::Custom(event) => match &event.kind {
-            EventKind::LlmToken { role, content } => json!({"type": "token", "role": role, "content": content}),
-            _ => {
-                let mut value = serde_json::to_value(event).unwrap_or(Value::Null);
-                if let Value::Object(map) = &mut value {
-                    map.insert("type".into(), Value::String("event".into()));
-                }
-                value
-            }
-        },
-        _ => json!({"type": "unknown"}),
-    }
-}
-
 impl TurnView for JsonView {
     fn event(&mut self, event: &RunEvent<AgentEvent>) {
         if let RunEvent::Custom(agent_event) = event {
@@ -386,7 +357,9 @@ impl TurnView for JsonView {
                 );
             }
         }
-        Self::emit(&event_json(event));
+        if let Some(line) = peregrine_agent::wire::typed_event_json(event) {
+            Self::emit(&line);
+        }
     }
 
     fn streamed(&self) -> &str {

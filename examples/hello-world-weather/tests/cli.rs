@@ -179,7 +179,7 @@ async fn run_json_prints_one_object_per_event_and_a_final_result() {
     assert_eq!(started, ["task_extraction", "classifier", "orchestrator", "current_weather", "respond"], "{events:?}");
     let tokens: String = events.iter().filter(|event| event["type"] == "token").filter_map(|event| event["content"].as_str()).collect();
     assert!(tokens.contains("Weather in Prague"), "answer tokens stream as events: {tokens}");
-    let plan = events.iter().find(|event| event["event"] == "plan_created").expect("the plan event");
+    let plan = events.iter().find(|event| event["type"] == "plan_created").expect("the plan event");
     assert_eq!(plan["steps"][0]["capability"], "current_weather");
     let result = result_of(&events);
     assert_eq!(result["status"], "completed");

@@ -58,7 +58,7 @@ pub async fn run(args: &ChatArgs, config: &Config, app: &dyn Application, out: &
     let agent = runtime::agent_on(config, app, store).map_err(|error| Failure::usage(format!("{error:#}")))?;
     let thread = args.thread.clone().unwrap_or_else(new_thread_id);
     let bin = app.name().to_owned();
-    let mut chat = Chat { agent, config, out: *out, thread, session: cli_session(args.user.as_deref()), bin };
+    let mut chat = Chat { agent, config, out: *out, thread, session: cli_session(args.user.as_deref()), bin, shown: None };
     chat.header(app);
     let mut input = if out.interactive { LineReader::terminal(history_path(config, out), out.color_stdout) } else { LineReader::piped() };
     if chat.reopen(&mut input).await? == Flow::Exit {
@@ -113,6 +113,8 @@ struct Chat<'a> {
     session: Session,
     /// The program's name, for hints.
     bin: String,
+    /// The approval question printed last: a message answers only that one.
+    shown: Option<String>,
 }
 
 impl Chat<'_> {
@@ -144,6 +146,7 @@ impl Chat<'_> {
             ThreadStatus::Interrupted => {
                 if let Some(prompt) = thread.interrupt().and_then(peregrine_agent::approval_prompt) {
                     println_out(prompt.trim_end());
+                    self.shown = Some(prompt.to_owned());
                 }
                 self.approval_hint();
             }
@@ -206,7 +209,8 @@ impl Chat<'_> {
             }
             return self.resume().await;
         }
-        self.turn(TurnRequest::Send(text), text).await
+        let shown = self.shown.clone();
+        self.turn(TurnRequest::SendAfter(text, shown.as_deref()), text).await
     }
 
     /// `/resume`: finishes the run Ctrl-C (or a crash) cut off.
@@ -244,6 +248,13 @@ impl Chat<'_> {
                 return Flow::Continue;
             }
         };
+        // The question now on the screen: the one this turn printed; a reply, a cancelled answer
+        // or an interface command leave the earlier one there.
+        match (&result.status, &result.interrupt) {
+            (TurnStatus::Interrupted, Some(interrupt)) => self.shown = peregrine_agent::approval_prompt(interrupt).map(str::to_owned),
+            (TurnStatus::Reply | TurnStatus::Cancelled | TurnStatus::InterfaceCommand, _) => {}
+            _ => self.shown = None,
+        }
         match result.status {
             TurnStatus::Exit => return Flow::Exit,
             TurnStatus::Cancelled => write_stderr(&format!(

@@ -21,7 +21,8 @@ const AFTER_HELP: &str = "\
 Output: the answer on stdout (streamed as it is written), progress and notes on stderr. With \
 --json, stdout carries only JSON lines: one object per event, then always a final \
 {\"type\":\"result\",\"status\":…} — status completed, interrupted (an approval is needed: the \
-next `run` on the thread answers it), error, or cancelled.
+next `run` on the thread answers it: yes, no/cancel to withdraw it, or what to change), \
+abandoned (this message withdrew the approval: nothing ran), error, or cancelled.
 
 Exit codes: 0 when the turn ran (even when it ended in an error report: status error); 2 for \
 usage and configuration errors (the JSON result says why); 1 when the checkpoint store fails; \
@@ -205,7 +206,7 @@ fn result_json(thread: &str, result: &TurnResult, config: &Config) -> Value {
         "thread_id": thread,
         "status": status_name(result.status),
         "response": response,
-        "interrupt": result.interrupt,
+        "interrupt": result.interrupt.as_ref().map(peregrine_agent::wire::interrupt_json),
     })
 }
 
