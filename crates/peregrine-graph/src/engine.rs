@@ -432,14 +432,7 @@ impl<S: GraphState> Graph<S> {
     pub async fn resume(&self, thread_id: &str, resume: Resume<S::Update>, opts: RunOptions<S::Event>) -> Result<RunOutcome<S>, RunError> {
         let _lock = self.lock(thread_id).await?;
         let (mut state, mut tip) = self.load(thread_id, None).await?;
-        let meta = tip.meta.clone().ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: None })?;
-        let interrupt = meta.interrupt.ok_or_else(|| RunError::NothingToResume { thread_id: thread_id.into() })?;
-        if resume.interrupt_id != interrupt.id {
-            return Err(RunError::StaleResume { thread_id: thread_id.into(), given: resume.interrupt_id, pending: interrupt.id });
-        }
-        if resume.payload_digest != interrupt.digest || payload_digest(&interrupt.payload) != interrupt.digest {
-            return Err(RunError::ForgedResume { thread_id: thread_id.into(), interrupt_id: interrupt.id });
-        }
+        let (meta, interrupt) = Self::answered(thread_id, &tip, &resume)?;
         let ctx = self.run_ctx(thread_id, Arc::from(meta.run_id.as_str()), &opts);
         if meta.run_step >= ctx.limits.recursion_limit {
             // Refused before the answer is recorded, so it can still be given under a larger limit.
@@ -480,14 +473,7 @@ impl<S: GraphState> Graph<S> {
     pub async fn abandon(&self, thread_id: &str, resume: Resume<S::Update>) -> Result<StateSnapshot<S>, RunError> {
         let _lock = self.lock(thread_id).await?;
         let (mut state, mut tip) = self.load(thread_id, None).await?;
-        let meta = tip.meta.clone().ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: None })?;
-        let interrupt = meta.interrupt.ok_or_else(|| RunError::NothingToResume { thread_id: thread_id.into() })?;
-        if resume.interrupt_id != interrupt.id {
-            return Err(RunError::StaleResume { thread_id: thread_id.into(), given: resume.interrupt_id, pending: interrupt.id });
-        }
-        if resume.payload_digest != interrupt.digest || payload_digest(&interrupt.payload) != interrupt.digest {
-            return Err(RunError::ForgedResume { thread_id: thread_id.into(), interrupt_id: interrupt.id });
-        }
+        let (meta, interrupt) = Self::answered(thread_id, &tip, &resume)?;
         let opts = RunOptions::default();
         let ctx = self.run_ctx(thread_id, Arc::from(meta.run_id.as_str()), &opts);
         let write = Write {
@@ -502,6 +488,20 @@ impl<S: GraphState> Graph<S> {
         let meta = tip.meta.clone().ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: None })?;
         let next = self.next_label(&state, Some(&meta));
         Ok(StateSnapshot { state, meta, next })
+    }
+
+    /// The newest checkpoint's metadata and the interrupt `resume` answers: refused unless it
+    /// quotes the pending interrupt's id and the digest of its payload (which must still match).
+    fn answered(thread_id: &str, tip: &Tip, resume: &Resume<S::Update>) -> Result<(CheckpointMeta, PendingInterrupt), RunError> {
+        let meta = tip.meta.clone().ok_or_else(|| RunError::NotFound { thread_id: thread_id.into(), checkpoint_id: None })?;
+        let interrupt = meta.interrupt.clone().ok_or_else(|| RunError::NothingToResume { thread_id: thread_id.into() })?;
+        if resume.interrupt_id != interrupt.id {
+            return Err(RunError::StaleResume { thread_id: thread_id.into(), given: resume.interrupt_id.clone(), pending: interrupt.id });
+        }
+        if resume.payload_digest != interrupt.digest || payload_digest(&interrupt.payload) != interrupt.digest {
+            return Err(RunError::ForgedResume { thread_id: thread_id.into(), interrupt_id: interrupt.id });
+        }
+        Ok((meta, interrupt))
     }
 
     /// Continues an unfinished run from the thread's newest checkpoint (after a crash or a

@@ -211,17 +211,19 @@ async fn yes_answers_only_the_approval_its_conversation_showed() {
     let served = serve(weather_script(), options()).await;
     // One conversation (Open WebUI's session id), two windows: the first saw an answer, the
     // second then asked for a plan in planning mode.
-    let session = |messages: Value| served.post(&json!({"model": MODEL, "messages": messages})).header("X-Session-Id", "two-windows");
-    let answered: Value = session(json!([user(QUESTION)])).send().await.unwrap().json().await.unwrap();
+    let session = async |messages: Value| -> Value {
+        let request = served.post(&json!({"model": MODEL, "messages": messages})).header("X-Session-Id", "two-windows");
+        request.send().await.unwrap().json().await.unwrap()
+    };
+    let answered: Value = session(json!([user(QUESTION)])).await;
     let first_answer = content(&answered);
-    let asked: Value =
-        session(json!([user(QUESTION), assistant(&first_answer), user(PLANNING)])).send().await.unwrap().json().await.unwrap();
+    let asked: Value = session(json!([user(QUESTION), assistant(&first_answer), user(PLANNING)])).await;
     let prompt = content(&asked);
     assert!(prompt.contains("HUMAN APPROVAL REQUIRED"), "{prompt}");
     let weather_calls = served.calls(LlmCall::CurrentWeather);
 
     // The first window, which never showed the plan, says "yes": not an answer to it.
-    let blind: Value = session(json!([user(QUESTION), assistant(&first_answer), user("yes")])).send().await.unwrap().json().await.unwrap();
+    let blind: Value = session(json!([user(QUESTION), assistant(&first_answer), user("yes")])).await;
     let note = content(&blind);
     assert!(note.contains("not shown here") && note.contains("HUMAN APPROVAL REQUIRED"), "the note shows the question: {note}");
     assert_eq!(served.calls(LlmCall::CurrentWeather), weather_calls, "nothing ran");
@@ -230,26 +232,14 @@ async fn yes_answers_only_the_approval_its_conversation_showed() {
     assert_eq!(waiting.status, peregrine_agent::ThreadStatus::Interrupted, "still waiting for its answer");
 
     // Once shown (in the note), "yes" answers it.
-    let done: Value = session(json!([user(QUESTION), assistant(&first_answer), user("yes"), assistant(&note), user("yes")]))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let done: Value = session(json!([user(QUESTION), assistant(&first_answer), user("yes"), assistant(&note), user("yes")])).await;
     assert!(content(&done).contains("Weather in Prague"), "{done}");
     assert_eq!(served.calls(LlmCall::CurrentWeather), weather_calls + 1);
 
     // The second window, which showed the plan, says "no" late: the plan has run meanwhile.
     // That is said, and the "no" is not a new turn.
     let turns = served.calls(LlmCall::TaskExtraction);
-    let late: Value = session(json!([user(QUESTION), assistant(&first_answer), user(PLANNING), assistant(&prompt), user("no")]))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let late: Value = session(json!([user(QUESTION), assistant(&first_answer), user(PLANNING), assistant(&prompt), user("no")])).await;
     assert!(content(&late).contains("no longer pending"), "{late}");
     assert_eq!(served.calls(LlmCall::TaskExtraction), turns, "no new turn");
     assert_eq!(served.agent.thread(&thread).await.unwrap().unwrap().status, peregrine_agent::ThreadStatus::Idle);
