@@ -14,6 +14,8 @@ pub enum Violation {
     UnlistedChannel,
     /// The database marks the channel read-only.
     ReadOnly,
+    /// A field of a listed record other than its value (`X.DRVH`), not listed itself.
+    UnlistedField,
     /// The value is below the channel's minimum.
     BelowMin {
         /// The minimum.
@@ -42,6 +44,12 @@ impl std::fmt::Display for Violation {
         match self {
             Self::UnlistedChannel => write!(f, "the channel is not in the limits database, which allows no unlisted channels"),
             Self::ReadOnly => write!(f, "the limits database marks the channel read-only"),
+            Self::UnlistedField => {
+                write!(
+                    f,
+                    "it is a field of a record the limits database lists, and the field itself is not listed (only .VAL meets the record's entry)"
+                )
+            }
             Self::BelowMin { min } => write!(f, "the value is below the channel's minimum of {min}"),
             Self::AboveMax { max } => write!(f, "the value is above the channel's maximum of {max}"),
             Self::StepTooLarge { max_step, current } => {

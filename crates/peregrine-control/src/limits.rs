@@ -121,7 +121,10 @@ impl LimitsDatabase {
     }
 
     /// Checks a write of `value` to `address` whose current value is `current`; unlisted
-    /// channels pass only with `allow_unlisted` (and then meet the `defaults` entry).
+    /// channels pass only with `allow_unlisted` (and then meet the `defaults` entry). An EPICS
+    /// field address is the record's channel for `.VAL` (`X.VAL` meets the entry of `X`), and
+    /// any other field of a listed record (`X.DRVH`, `X.HOPR`) must be listed itself: a write
+    /// to a record's limits must not go around its entry.
     pub fn check(
         &self,
         address: &str,
@@ -129,7 +132,15 @@ impl LimitsDatabase {
         current: Option<&ChannelValue>,
         allow_unlisted: bool,
     ) -> Result<(), Violation> {
-        let limits = match (self.channels.get(address), allow_unlisted) {
+        let field_of = address.rsplit_once('.');
+        let listed = self.channels.get(address).or_else(|| {
+            let (record, field) = field_of?;
+            if field.eq_ignore_ascii_case("VAL") { self.channels.get(record) } else { None }
+        });
+        if listed.is_none() && field_of.is_some_and(|(record, _)| self.channels.contains_key(record)) {
+            return Err(Violation::UnlistedField);
+        }
+        let limits = match (listed, allow_unlisted) {
             (Some(limits), _) => limits,
             (None, false) => return Err(Violation::UnlistedChannel),
             (None, true) => match &self.defaults {
@@ -224,9 +235,11 @@ mod tests {
         let amp = "LINAC:RF:AMP:SP";
         let current = double(50.0);
         type Case<'a> = (&'a str, ChannelValue, Option<&'a ChannelValue>, bool, Result<(), Violation>);
-        let table: [Case<'_>; 10] = [
+        let table: [Case<'_>; 12] = [
             (amp, double(55.0), Some(&current), false, Ok(())),
             (amp, double(-1.0), Some(&current), false, Err(Violation::BelowMin { min: 0.0 })),
+            ("LINAC:RF:AMP:SP.VAL", double(70.0), Some(&current), true, Err(Violation::AboveMax { max: 60.0 })),
+            ("LINAC:RF:AMP:SP.DRVH", double(100.0), Some(&current), true, Err(Violation::UnlistedField)),
             (amp, double(70.0), Some(&current), false, Err(Violation::AboveMax { max: 60.0 })),
             (amp, double(30.0), Some(&current), false, Err(Violation::StepTooLarge { max_step: 10.0, current: 50.0 })),
             (amp, double(55.0), None, false, Err(Violation::StepUncheckable)),
