@@ -16,6 +16,9 @@ pub enum Violation {
     ReadOnly,
     /// A field of a listed record other than its value (`X.DRVH`), not listed itself.
     UnlistedField,
+    /// The address is not one plain channel (EPICS channel filters `{…}` `[…]` `$`, spaces,
+    /// characters outside `A-Z a-z 0-9 : _ - .`).
+    MalformedAddress,
     /// The value is below the channel's minimum.
     BelowMin {
         /// The minimum.
@@ -44,6 +47,12 @@ impl std::fmt::Display for Violation {
         match self {
             Self::UnlistedChannel => write!(f, "the channel is not in the limits database, which allows no unlisted channels"),
             Self::ReadOnly => write!(f, "the limits database marks the channel read-only"),
+            Self::MalformedAddress => {
+                write!(
+                    f,
+                    "the address is not one plain channel (a record name of letters, digits and : _ - ., optionally '.' and a field name)"
+                )
+            }
             Self::UnlistedField => {
                 write!(
                     f,
@@ -127,6 +136,15 @@ pub enum ControlError {
         /// Why.
         detail: String,
     },
+    /// The write was sent and its completion was not confirmed (a timeout or a lost connection
+    /// after sending): the value may or may not have been written. Never retried blindly.
+    #[error("the write to '{address}' may or may not have happened ({detail}); read the channel back before trying again")]
+    WriteUncertain {
+        /// The channel.
+        address: String,
+        /// What the connector saw.
+        detail: String,
+    },
     /// The write was sent, but its verification failed.
     #[error("the write to '{address}' was sent but not verified: {notes}")]
     VerificationFailed {
@@ -165,6 +183,7 @@ impl ControlError {
             | Self::LimitViolation { .. }
             | Self::LimitsUnavailable { .. }
             | Self::AccessDenied { .. }
+            | Self::WriteUncertain { .. }
             | Self::VerificationFailed { .. }
             | Self::Connector { .. } => ErrorClassification::critical(message),
         }
@@ -193,6 +212,7 @@ mod tests {
             (ControlError::LimitsUnavailable { detail: "missing".into() }, ErrorSeverity::Critical, true),
             (ControlError::AccessDenied { address: address(), action: "write" }, ErrorSeverity::Critical, true),
             (ControlError::VerificationFailed { address: address(), notes: "read 54".into() }, ErrorSeverity::Critical, false),
+            (ControlError::WriteUncertain { address: address(), detail: "timed out".into() }, ErrorSeverity::Critical, false),
         ];
         for (error, severity, block) in table {
             assert_eq!(error.classification().severity, severity, "{error}");

@@ -7,8 +7,8 @@
 
 use crate::connector::DynControlSystem;
 use crate::error::ControlError;
-use crate::limits::{ChannelLimits, LimitsDatabase, LimitsError};
-use crate::value::{ChannelValue, Reading, Verification, VerificationLevel};
+use crate::limits::{ChannelLimits, LimitsDatabase, LimitsError, check_finite, check_step};
+use crate::value::{AlarmSeverity, ChannelValue, Reading, Verification, VerificationLevel};
 
 /// Whether and how writes are checked against the limits database.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,29 +104,45 @@ impl<'a> WriteGate<'a> {
     }
 
     /// Writes a planned (and approved) write: the switch and the limits are checked again
-    /// against the value current now, then the connector writes and verifies.
+    /// against the value current now, then the connector writes and verifies. A write whose
+    /// completion is not confirmed (a timeout, a lost connection) is
+    /// [`ControlError::WriteUncertain`]: it may have happened, so it is never retried blindly.
     pub async fn execute(&self, write: &PlannedWrite) -> Result<WriteOutcome, ControlError> {
         let fresh = self.check(&write.address, &write.value).await?;
-        let verification = self.connector.write_boxed(&write.address, &write.value, fresh.verification, fresh.tolerance).await?;
+        let verification = self.connector.write_boxed(&write.address, &write.value, fresh.verification, fresh.tolerance).await.map_err(
+            |error| match error {
+                ControlError::Timeout { address, seconds } => {
+                    ControlError::WriteUncertain { address, detail: format!("no answer within {seconds} s") }
+                }
+                ControlError::Disconnected { address, detail } => ControlError::WriteUncertain { address, detail },
+                other => other,
+            },
+        )?;
         Ok(WriteOutcome { address: write.address.clone(), value: write.value.clone(), previous: fresh.current.value, verification })
     }
 
-    /// The gates before the approval, for one write.
+    /// The gates before the approval, for one write, in order: the master switch, the checks
+    /// that need no reading (address, listed, writable, finite, min, max), then the channel is
+    /// read and the step from its current value is checked (a reading in INVALID alarm counts
+    /// as no current value: a step cannot be measured from it).
     async fn check(&self, address: &str, value: &ChannelValue) -> Result<PlannedWrite, ControlError> {
         if !self.settings.writes_enabled {
             return Err(ControlError::WritesDisabled { address: address.to_owned() });
         }
-        let current = self.connector.read_boxed(address).await?;
+        let refused = |violation| ControlError::LimitViolation { address: address.to_owned(), value: value.display(), violation };
+        check_finite(value).map_err(refused)?;
         let limits = match &self.settings.limits {
             LimitsCheck::Off => None,
             LimitsCheck::On { database: Err(error), .. } => return Err(ControlError::LimitsUnavailable { detail: error.to_string() }),
             LimitsCheck::On { database: Ok(database), allow_unlisted } => {
-                database
-                    .check(address, value, Some(&current.value), *allow_unlisted)
-                    .map_err(|violation| ControlError::LimitViolation { address: address.to_owned(), value: value.display(), violation })?;
-                database.channel(address).or(database.defaults().filter(|_| *allow_unlisted)).cloned()
+                database.check_static(address, value, *allow_unlisted).map_err(refused)?.cloned()
             }
         };
+        let current = self.connector.read_boxed(address).await?;
+        if let Some(limits) = &limits {
+            let measurable = (current.severity != AlarmSeverity::Invalid).then_some(&current.value);
+            check_step(limits, value, measurable).map_err(refused)?;
+        }
         let own = limits.as_ref().and_then(|limits| limits.verification);
         let verification = own.and_then(|own| own.level).unwrap_or(self.settings.verification);
         let magnitude = value.as_f64().map_or(0.0, f64::abs);

@@ -102,42 +102,43 @@ impl LimitsDatabase {
             check_entry(&limits).map_err(|problem| invalid(format!("channel '{key}': {problem}")))?;
             if key == "defaults" {
                 database.defaults = Some(limits);
-            } else {
-                database.channels.insert(key, limits);
+                continue;
+            }
+            // Keys are stored as writes are looked up: `X.VAL` is `X`, fields in capitals.
+            let canonical = canonical_address(&key).map_err(|_| {
+                invalid(format!("channel '{key}' is not a channel address (a record name, optionally '.' and a field name)"))
+            })?;
+            if database.channels.insert(canonical.clone(), limits).is_some() {
+                return Err(invalid(format!("channel '{key}' is listed twice (as '{canonical}')")));
             }
         }
         Ok(database)
     }
 
-    /// The limits of `address`: its entry, else the `defaults` entry for a listed-or-allowed
-    /// channel; `None` when it is not listed.
+    /// The entry of `address` (`X.VAL` finds `X`), when it is listed.
     pub fn channel(&self, address: &str) -> Option<&ChannelLimits> {
-        self.channels.get(address)
+        canonical_address(address).ok().and_then(|canonical| self.channels.get(&canonical))
     }
 
-    /// The `defaults` entry.
+    /// The `defaults` entry (the limits of unlisted channels, when they are allowed).
     pub fn defaults(&self) -> Option<&ChannelLimits> {
         self.defaults.as_ref()
     }
 
-    /// Checks a write of `value` to `address` whose current value is `current`; unlisted
-    /// channels pass only with `allow_unlisted` (and then meet the `defaults` entry). An EPICS
-    /// field address is the record's channel for `.VAL` (`X.VAL` meets the entry of `X`), and
-    /// any other field of a listed record (`X.DRVH`, `X.HOPR`) must be listed itself: a write
-    /// to a record's limits must not go around its entry.
-    pub fn check(
-        &self,
-        address: &str,
-        value: &ChannelValue,
-        current: Option<&ChannelValue>,
-        allow_unlisted: bool,
-    ) -> Result<(), Violation> {
-        let field_of = address.rsplit_once('.');
-        let listed = self.channels.get(address).or_else(|| {
-            let (record, field) = field_of?;
-            if field.eq_ignore_ascii_case("VAL") { self.channels.get(record) } else { None }
-        });
-        if listed.is_none() && field_of.is_some_and(|(record, _)| self.channels.contains_key(record)) {
+    /// The checks that need no reading, before the channel is read: the address, listed (or
+    /// unlisted channels allowed), writable, a finite value, min and max. Returns the limits
+    /// that apply — the channel's entry, else `defaults` for an allowed unlisted channel — which
+    /// are also the limits shown for approval and whose verification is used. A field address
+    /// is the record's channel for `.VAL` (`X.VAL` meets the entry of `X`); any other field of
+    /// a listed record (`X.DRVH`) must be listed itself, so a write to a record's limits never
+    /// goes around its entry.
+    pub fn check_static(&self, address: &str, value: &ChannelValue, allow_unlisted: bool) -> Result<Option<&ChannelLimits>, Violation> {
+        let canonical = canonical_address(address)?;
+        let listed = self.channels.get(&canonical);
+        if listed.is_none()
+            && let Some((record, _)) = canonical.split_once('.')
+            && self.channels.contains_key(record)
+        {
             return Err(Violation::UnlistedField);
         }
         let limits = match (listed, allow_unlisted) {
@@ -145,18 +146,64 @@ impl LimitsDatabase {
             (None, false) => return Err(Violation::UnlistedChannel),
             (None, true) => match &self.defaults {
                 Some(defaults) => defaults,
-                None => return Ok(()),
+                None => return Ok(None),
             },
         };
-        check_value(limits, value, current)
+        check_bounds(limits, value)?;
+        Ok(Some(limits))
+    }
+
+    /// Every check of a write of `value` to `address` whose current value is `current`:
+    /// [`LimitsDatabase::check_static`], then the step from the current value.
+    pub fn check(
+        &self,
+        address: &str,
+        value: &ChannelValue,
+        current: Option<&ChannelValue>,
+        allow_unlisted: bool,
+    ) -> Result<(), Violation> {
+        match self.check_static(address, value, allow_unlisted)? {
+            Some(limits) => check_step(limits, value, current),
+            None => Ok(()),
+        }
     }
 }
 
-/// The checks of one channel's limits, in order: writable, a number, min, max, step.
-fn check_value(limits: &ChannelLimits, value: &ChannelValue, current: Option<&ChannelValue>) -> Result<(), Violation> {
+/// The address a write names, as the limits database is keyed: the record name up to the first
+/// `.` (as EPICS splits it), then the field in capitals, with `VAL` (and an empty field) being
+/// the record itself. Anything but letters, digits and `: _ - .` (EPICS channel filters
+/// `{…}`, `[…]`, `$`, spaces, other scripts) is refused: a write must name exactly one field.
+pub fn canonical_address(address: &str) -> Result<String, Violation> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '-' | '.');
+    if address.is_empty() || address.len() > 256 || !address.chars().all(allowed) {
+        return Err(Violation::MalformedAddress);
+    }
+    let Some((record, field)) = address.split_once('.') else { return Ok(address.to_owned()) };
+    if record.is_empty() || field.contains('.') || !field.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(Violation::MalformedAddress);
+    }
+    let field = field.to_ascii_uppercase();
+    Ok(if field.is_empty() || field == "VAL" { record.to_owned() } else { format!("{record}.{field}") })
+}
+
+/// Refuses a value that holds a non-finite number (NaN, infinite), whatever the limits: no
+/// control system should be sent one.
+pub fn check_finite(value: &ChannelValue) -> Result<(), Violation> {
+    let finite = match value {
+        ChannelValue::Double(number) => number.is_finite(),
+        ChannelValue::DoubleArray(numbers) => numbers.iter().all(|number| number.is_finite()),
+        _ => true,
+    };
+    if finite { Ok(()) } else { Err(Violation::NotANumber) }
+}
+
+/// The checks of one channel's limits that need no reading: writable, a finite number when any
+/// numeric limit is set, min, max.
+fn check_bounds(limits: &ChannelLimits, value: &ChannelValue) -> Result<(), Violation> {
     if !limits.writable {
         return Err(Violation::ReadOnly);
     }
+    check_finite(value)?;
     let numeric = limits.min_value.is_some() || limits.max_value.is_some() || limits.max_step.is_some();
     if !numeric {
         return Ok(());
@@ -172,13 +219,19 @@ fn check_value(limits: &ChannelLimits, value: &ChannelValue, current: Option<&Ch
     {
         return Err(Violation::AboveMax { max });
     }
-    if let Some(max_step) = limits.max_step {
-        let Some(current) = current.and_then(ChannelValue::as_f64).filter(|current| current.is_finite()) else {
-            return Err(Violation::StepUncheckable);
-        };
-        if (number - current).abs() > max_step {
-            return Err(Violation::StepTooLarge { max_step, current });
-        }
+    Ok(())
+}
+
+/// The step from the current value, for a channel with a largest step (an unreadable current
+/// value fails closed).
+pub(crate) fn check_step(limits: &ChannelLimits, value: &ChannelValue, current: Option<&ChannelValue>) -> Result<(), Violation> {
+    let Some(max_step) = limits.max_step else { return Ok(()) };
+    let Some(number) = value.as_f64().filter(|number| number.is_finite()) else { return Err(Violation::NotANumber) };
+    let Some(current) = current.and_then(ChannelValue::as_f64).filter(|current| current.is_finite()) else {
+        return Err(Violation::StepUncheckable);
+    };
+    if (number - current).abs() > max_step {
+        return Err(Violation::StepTooLarge { max_step, current });
     }
     Ok(())
 }
@@ -235,11 +288,16 @@ mod tests {
         let amp = "LINAC:RF:AMP:SP";
         let current = double(50.0);
         type Case<'a> = (&'a str, ChannelValue, Option<&'a ChannelValue>, bool, Result<(), Violation>);
-        let table: [Case<'_>; 12] = [
+        let table: [Case<'_>; 17] = [
             (amp, double(55.0), Some(&current), false, Ok(())),
             (amp, double(-1.0), Some(&current), false, Err(Violation::BelowMin { min: 0.0 })),
             ("LINAC:RF:AMP:SP.VAL", double(70.0), Some(&current), true, Err(Violation::AboveMax { max: 60.0 })),
             ("LINAC:RF:AMP:SP.DRVH", double(100.0), Some(&current), true, Err(Violation::UnlistedField)),
+            ("LINAC:RF:AMP:SP.{\"dbnd\":{\"d\":0.5}}", double(1000.0), Some(&current), true, Err(Violation::MalformedAddress)),
+            ("LINAC:RF:AMP:SP.VAL$", double(1000.0), Some(&current), true, Err(Violation::MalformedAddress)),
+            ("LINAC:RF:AMP:SP ", double(1000.0), Some(&current), true, Err(Violation::MalformedAddress)),
+            ("LINAC:RF:AMP:SP.", double(70.0), Some(&current), true, Err(Violation::AboveMax { max: 60.0 })),
+            ("LINAC:RF:AMP:SP.val", double(70.0), Some(&current), true, Err(Violation::AboveMax { max: 60.0 })),
             (amp, double(70.0), Some(&current), false, Err(Violation::AboveMax { max: 60.0 })),
             (amp, double(30.0), Some(&current), false, Err(Violation::StepTooLarge { max_step: 10.0, current: 50.0 })),
             (amp, double(55.0), None, false, Err(Violation::StepUncheckable)),
@@ -264,6 +322,8 @@ mod tests {
             (r#"{"A": {"max_value": "high"}}"#, "channel 'A'"),
             (r#"{"A": {"maximum": 3}}"#, "unknown field"),
             (r#"{"A": {"verification": {"tolerance_percent": -1}}}"#, "tolerance_percent"),
+            (r#"{"A": {}, "A.VAL": {}}"#, "listed twice"),
+            (r#"{"A {x}": {}}"#, "not a channel address"),
         ] {
             let error = LimitsDatabase::parse(text).expect_err(text).to_string();
             assert!(error.contains(says), "{text}: {error}");
@@ -285,6 +345,14 @@ mod tests {
                 prop_assert!(value.is_finite() && value >= min && value <= max && (value - current).abs() <= step);
             }
             prop_assert_eq!(database.check("D", &double(value), Some(&double(current)), false), Err(Violation::UnlistedChannel));
+        }
+
+        /// No way of naming a listed record's fields gets a value past its entry.
+        #[test]
+        fn no_address_form_goes_around_a_records_entry(field in "(\\.[A-Za-z0-9$_{}\\[\\]\" .:-]{0,8})?", value in 60.001f64..1e12) {
+            let database = LimitsDatabase::parse(r#"{"X": {"max_value": 60}}"#).expect("valid");
+            let address = format!("X{field}");
+            prop_assert!(database.check_static(&address, &double(value), true).is_err(), "{} passed", address);
         }
 
         /// Any text either parses into a database or is refused; it never panics.

@@ -208,7 +208,70 @@ impl ControlSystem for MockControlSystem {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
     use super::*;
+
+    /// A machine whose writes arrive and then time out, and whose reads are in INVALID alarm.
+    struct Flaky {
+        writes: AtomicU32,
+        severity: AlarmSeverity,
+    }
+
+    impl ControlSystem for Flaky {
+        fn name(&self) -> &str {
+            "flaky"
+        }
+        async fn read(&self, address: &str) -> Result<Reading, ControlError> {
+            Ok(Reading {
+                address: address.into(),
+                value: ChannelValue::Double(50.0),
+                units: None,
+                timestamp: Utc::now(),
+                severity: self.severity,
+            })
+        }
+        async fn write(&self, address: &str, _: &ChannelValue, _: VerificationLevel, _: f64) -> Result<Verification, ControlError> {
+            self.writes.fetch_add(1, Ordering::SeqCst);
+            Err(ControlError::Timeout { address: address.into(), seconds: 5.0 })
+        }
+        async fn metadata(&self, address: &str) -> Result<ChannelMetadata, ControlError> {
+            Err(ControlError::UnknownChannel { address: address.into() })
+        }
+        async fn monitor(&self, address: &str) -> Result<Monitor, ControlError> {
+            Err(ControlError::UnknownChannel { address: address.into() })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_that_times_out_may_have_happened_and_is_never_retried() {
+        let flaky = Flaky { writes: AtomicU32::new(0), severity: AlarmSeverity::NoAlarm };
+        let settings = WriteSettings { writes_enabled: true, ..WriteSettings::default() };
+        let gate = WriteGate::new(&settings, &flaky);
+        let planned = gate.plan(&[("X:AMP".to_owned(), ChannelValue::Double(55.0))]).await.expect("passes");
+        let uncertain = gate.execute(&planned[0]).await.expect_err("timed out");
+        assert!(matches!(uncertain, ControlError::WriteUncertain { .. }), "{uncertain:?}");
+        assert_eq!(uncertain.classification().severity, peregrine_core::ErrorSeverity::Critical, "not retried");
+        assert!(uncertain.to_string().contains("read the channel back"), "{uncertain}");
+        assert_eq!(flaky.writes.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_step_is_never_measured_from_an_invalid_reading_and_nan_is_never_sent() {
+        let flaky = Flaky { writes: AtomicU32::new(0), severity: AlarmSeverity::Invalid };
+        let database = LimitsDatabase::parse(r#"{"X:AMP": {"max_step": 10}}"#);
+        let settings =
+            WriteSettings { writes_enabled: true, limits: LimitsCheck::On { database, allow_unlisted: true }, ..WriteSettings::default() };
+        let gate = WriteGate::new(&settings, &flaky);
+        let refused = gate.plan(&[("X:AMP".to_owned(), ChannelValue::Double(51.0))]).await.expect_err("INVALID alarm");
+        assert!(refused.to_string().contains("current value cannot be read as a number"), "{refused}");
+        let open = WriteSettings { writes_enabled: true, ..WriteSettings::default() };
+        for value in [ChannelValue::Double(f64::NAN), ChannelValue::DoubleArray(vec![1.0, f64::INFINITY])] {
+            let refused = WriteGate::new(&open, &flaky).plan(&[("Y".to_owned(), value)]).await.expect_err("not finite");
+            assert!(refused.is_block(), "{refused}");
+        }
+        assert_eq!(flaky.writes.load(Ordering::SeqCst), 0);
+    }
     use crate::gate::{LimitsCheck, WriteGate, WriteSettings};
     use crate::limits::LimitsDatabase;
 

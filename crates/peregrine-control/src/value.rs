@@ -124,7 +124,7 @@ pub enum VerificationLevel {
 pub struct Verification {
     /// The level checked.
     pub level: VerificationLevel,
-    /// Whether it held.
+    /// Whether it was checked and held (false when the level is `none`: nothing was checked).
     pub verified: bool,
     /// The value read back (for `readback`).
     pub readback: Option<ChannelValue>,

@@ -73,12 +73,12 @@ pub fn connector(config: &Config) -> anyhow::Result<Arc<dyn DynControlSystem>> {
 }
 
 /// Runs the subcommand.
-pub async fn run(command: &ChannelsCommand, config: &Config, out: &Output) -> anyhow::Result<()> {
+pub async fn run(command: &ChannelsCommand, config: &Config, _out: &Output) -> anyhow::Result<()> {
     let connector = connector(config)?;
     let connector = connector.as_ref();
     match command {
         ChannelsCommand::Get { addresses, json } => get(connector, addresses, *json).await,
-        ChannelsCommand::Put { address, value, yes, json } => put(connector, config, address, value, *yes, *json, out).await,
+        ChannelsCommand::Put { address, value, yes, json } => put(connector, config, address, value, *yes, *json).await,
         ChannelsCommand::Monitor { address, count } => monitor(connector, address, *count).await,
         ChannelsCommand::Info { address, json } => info(connector, address, *json).await,
     }
@@ -164,16 +164,12 @@ fn confirmed(question: &str) -> anyhow::Result<bool> {
     Ok(matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes"))
 }
 
-async fn put(
-    connector: &dyn DynControlSystem,
-    config: &Config,
-    address: &str,
-    text: &str,
-    yes: bool,
-    as_json: bool,
-    out: &Output,
-) -> anyhow::Result<()> {
+async fn put(connector: &dyn DynControlSystem, config: &Config, address: &str, text: &str, yes: bool, as_json: bool) -> anyhow::Result<()> {
     let settings = &config.control_system.writes;
+    // The master switch comes first, before anything is read or parsed.
+    if !settings.writes_enabled {
+        return Err(ControlError::WritesDisabled { address: address.to_owned() }.into());
+    }
     let gate = WriteGate::new(settings, connector);
     // The value is read in the channel's type (the gates read the current value again).
     let current = connector.read_boxed(address).await?;
@@ -196,8 +192,7 @@ async fn put(
             bail!("{question} needs your confirmation: run it at a terminal, or pass --yes");
         }
         if !confirmed(&question)? {
-            out.note("not written: the write was not confirmed");
-            return Ok(());
+            bail!("not written: the write was not confirmed");
         }
     }
     let WriteOutcome { previous, verification, .. } = gate.execute(write).await?;

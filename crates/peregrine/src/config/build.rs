@@ -249,8 +249,21 @@ impl Build<'_> {
         };
         let checking = raw.limits_checking.unwrap_or_default();
         let allow_unlisted = checking.allow_unlisted_channels.unwrap_or(false);
+        let writes_enabled = raw.writes_enabled.unwrap_or(false);
         let limits = match (checking.enabled.unwrap_or(false), checking.database_path.filter(|path| !path.trim().is_empty())) {
-            (false, _) => LimitsCheck::Off,
+            (false, path) => {
+                if path.is_some() {
+                    self.warnings.push(
+                        "control_system.limits_checking.database_path is set but limits_checking.enabled is not true: the limits are not checked".to_owned(),
+                    );
+                } else if writes_enabled {
+                    self.warnings.push(
+                        "control_system.writes_enabled is true without limits_checking: writes are checked by no limits database"
+                            .to_owned(),
+                    );
+                }
+                LimitsCheck::Off
+            }
             (true, None) => {
                 self.warnings.push("control_system.limits_checking is enabled without a database_path: every write is refused".to_owned());
                 let detail = "limits_checking is enabled but no database_path is set".to_owned();
@@ -310,7 +323,7 @@ impl Build<'_> {
         let seconds = |given: Option<Seconds>| std::time::Duration::from_secs_f64(given.map_or(5.0, |seconds| seconds.0));
         Ok(ControlSystemConfig {
             kind,
-            writes: WriteSettings { writes_enabled: raw.writes_enabled.unwrap_or(false), limits, verification: level, tolerance_percent },
+            writes: WriteSettings { writes_enabled, limits, verification: level, tolerance_percent },
             verification_timeout: seconds(verification.timeout),
             mock: MockSettings { noise_level, seed: mock.seed.map_or(1, |seed| seed.0), ..MockSettings::default() },
             epics: EpicsConfig {
