@@ -333,8 +333,16 @@ fn critical(message: impl Into<String>) -> CapabilityError {
 }
 
 fn storage_error(error: MemoryError) -> CapabilityError {
+    // The technical details in words: the error and its causes, never a Rust debug dump.
+    let mut details = error.to_string();
+    let mut cause = std::error::Error::source(&error);
+    while let Some(inner) = cause {
+        details.push_str(": ");
+        details.push_str(&inner.to_string());
+        cause = inner.source();
+    }
     let classification =
-        ErrorClassification::critical(format!("Memory storage failed: {error}")).with_metadata("technical_details", format!("{error:?}"));
+        ErrorClassification::critical(format!("Memory storage failed: {error}")).with_metadata("technical_details", details);
     CapabilityError::from_error(error).classified(classification)
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 use crate::app::Application;
-use crate::commands::{chat, config_cmd, health, init, run, serve, threads};
+use crate::commands::{channels, chat, config_cmd, health, init, run, serve, threads};
 use crate::config::{Config, LoadOptions};
 use crate::output::{ColorChoice, Output, Verbosity, init_tracing};
 
@@ -65,6 +65,9 @@ enum Command {
     /// List, show and delete conversation threads.
     #[command(subcommand)]
     Threads(threads::ThreadsCommand),
+    /// Read, write, monitor and inspect control-system channels (through the write gates).
+    #[command(subcommand)]
+    Channels(channels::ChannelsCommand),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.
@@ -203,6 +206,7 @@ async fn dispatch(cli: Cli, app: &dyn Application, out: &Output, mut command: cl
         }
         Command::Config(command) => return config_cmd::run(&command, &config, out),
         Command::Threads(command) => threads::run(&command, &config, out).await?,
+        Command::Channels(command) => channels::run(&command, &config, out).await?,
         Command::Completions { .. } | Command::Init(_) => {}
     }
     Ok(ExitCode::SUCCESS)

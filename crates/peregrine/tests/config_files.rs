@@ -74,7 +74,9 @@ fn osprey_generated_config_is_accepted_and_mapped() {
         "deployed_services",
         "project_name",
         "execution",
-        "control_system",
+        "control_system.connector.mock.simulate_delays",
+        "control_system.write_verification.fail_on_mismatch",
+        "control_system.connector.epics.gateways.read_only.use_name_server",
         "python_executor",
         "cli",
         "api.providers.ollama.host",
@@ -85,6 +87,15 @@ fn osprey_generated_config_is_accepted_and_mapped() {
     ] {
         assert!(config.ignored_keys.iter().any(|ignored| ignored == key), "{key} not in {:?}", config.ignored_keys);
     }
+    // Osprey's control_system section: the mock, writes off, no limits, no verification; the
+    // gateways become CA addresses for the EPICS connector.
+    let control = &config.control_system;
+    assert_eq!(control.kind, peregrine::config::ControlSystemKind::Mock);
+    assert!(!control.writes.writes_enabled);
+    assert_eq!(control.writes.limits, peregrine_control::LimitsCheck::Off);
+    assert_eq!(control.writes.verification, peregrine_control::VerificationLevel::None);
+    assert_eq!(control.epics.read_gateway.as_deref(), Some("your-gateway.example.com:5064"));
+    assert_eq!(control.epics.write_gateway.as_deref(), Some("your-gateway.example.com:5084"));
     let mut sorted = config.ignored_keys.clone();
     sorted.sort();
     sorted.dedup();
@@ -951,4 +962,73 @@ fn bare_carriage_returns_are_line_breaks_in_yaml_errors() {
     assert_eq!(error.file.as_deref(), Some(Path::new("/srv/agent/config.yml")));
     let line = error.line.expect("a YAML error has a line");
     assert!(line > 1 && line <= 5, "line {line}: {error}");
+}
+
+#[test]
+fn control_system_writes_stay_off_unless_enabled_and_a_named_limits_database_must_load() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let load = |text: &str| {
+        let path = dir.path().join("config.yml");
+        std::fs::write(&path, format!("{MINIMAL}{text}")).expect("written");
+        Config::from_file(&path, &env(&[]))
+    };
+    let defaults = load("").expect("loads");
+    assert!(!defaults.control_system.writes.writes_enabled, "writes are off by default");
+    assert_eq!(defaults.control_system.kind, peregrine::config::ControlSystemKind::Mock);
+
+    std::fs::write(dir.path().join("limits.json"), r#"{"LINAC:RF:AMP:SP": {"min_value": 0, "max_value": 60, "max_step": 10}}"#)
+        .expect("written");
+    let enabled = load(
+        "control_system:\n  type: epics\n  writes_enabled: true\n  limits_checking:\n    enabled: true\n    database_path: limits.json\n  write_verification:\n    default_level: readback\n    default_tolerance_percent: 0.5\n  connector:\n    epics:\n      timeout: 2.5\n      addr_list: [127.0.0.1]\n      auto_addr_list: false\n      server_port: 5072\n",
+    )
+    .expect("loads");
+    let control = &enabled.control_system;
+    assert_eq!(control.kind, peregrine::config::ControlSystemKind::Epics);
+    assert!(control.writes.writes_enabled);
+    let peregrine_control::LimitsCheck::On { database: Ok(database), allow_unlisted: false } = &control.writes.limits else {
+        panic!("{:?}", control.writes.limits)
+    };
+    assert!(database.channel("LINAC:RF:AMP:SP").is_some());
+    assert_eq!((control.writes.verification, control.writes.tolerance_percent), (peregrine_control::VerificationLevel::Readback, 0.5));
+    assert_eq!(
+        (control.epics.addr_list.clone(), control.epics.auto_addr_list, control.epics.server_port),
+        (vec!["127.0.0.1".to_owned()], Some(false), Some(5072))
+    );
+    assert_eq!(control.epics.timeout, std::time::Duration::from_millis(2500));
+
+    // Enabled without a database: loads, warns, and every write is refused.
+    let blocked = load("control_system:\n  writes_enabled: true\n  limits_checking:\n    enabled: true\n").expect("loads");
+    assert!(matches!(blocked.control_system.writes.limits, peregrine_control::LimitsCheck::On { database: Err(_), .. }));
+    assert!(blocked.warnings.iter().any(|warning| warning.contains("every write is refused")), "{:?}", blocked.warnings);
+
+    // Errors name the key and say what is expected.
+    std::fs::write(dir.path().join("broken.json"), "{\"A\": {\"min_value\": 5, \"max_value\": 1}}").expect("written");
+    for (text, key, says) in [
+        (
+            "control_system:\n  limits_checking:\n    enabled: true\n    database_path: missing.json\n",
+            "control_system.limits_checking.database_path",
+            "cannot be read",
+        ),
+        (
+            "control_system:\n  limits_checking:\n    enabled: true\n    database_path: broken.json\n",
+            "control_system.limits_checking.database_path",
+            "min_value 5 is above max_value 1",
+        ),
+        ("control_system:\n  type: tango\n", "control_system.type", "mock"),
+        (
+            "control_system:\n  write_verification:\n    default_tolerance_percent: -1\n",
+            "control_system.write_verification.default_tolerance_percent",
+            "percentage",
+        ),
+        (
+            "control_system:\n  connector:\n    epics:\n      server_port: 70000\n",
+            "control_system.connector.epics.server_port",
+            "not a port",
+        ),
+        ("control_system:\n  connector:\n    mock:\n      noise_level: 2\n", "control_system.connector.mock.noise_level", "fraction"),
+    ] {
+        let error = load(text).expect_err(text);
+        assert_eq!(error.key.as_deref(), Some(key), "{text}: {error}");
+        assert!(error.to_string().contains(says), "{text}: {error}");
+    }
 }

@@ -709,3 +709,64 @@ async fn exit_codes_tell_usage_from_store_failures() {
     }
     server.shutdown().await;
 }
+
+/// `channels` through the binary: the mock machine, the gates in order, the confirmation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_read_and_write_the_mock_machine_through_the_gates() {
+    let project = Project::new("http://127.0.0.1:9/v1");
+    let config = project.path().join("config.yml");
+    let base = std::fs::read_to_string(&config).expect("config");
+    let with_control = |section: &str| std::fs::write(&config, format!("{base}\ncontrol_system:\n{section}")).expect("written");
+
+    let read = project.run(&["channels", "get", "SR:BEAM:CURRENT", "LINAC:RF:AMP:SP"]).await;
+    assert_success(&read);
+    let shown = stdout(&read);
+    assert!(shown.contains("SR:BEAM:CURRENT = 500 mA") && shown.contains("LINAC:RF:AMP:SP = 50 %"), "{shown}");
+    let json = project.run(&["channels", "get", "--json", "SR:BEAM:CURRENT"]).await;
+    let reading: Value = serde_json::from_str(stdout(&json).trim()).expect("JSON");
+    assert_eq!((reading["value"]["value"].as_f64(), reading["units"].as_str()), (Some(500.0), Some("mA")), "{reading}");
+    let unknown = project.run(&["channels", "get", "NOT A CHANNEL"]).await;
+    assert_eq!(unknown.status.code(), Some(1), "{}", stderr(&unknown));
+    assert!(stderr(&unknown).contains("was not found"), "{}", stderr(&unknown));
+    let info = project.run(&["channels", "info", "SR:BEAM:CURRENT"]).await;
+    assert!(stdout(&info).contains("units:          mA"), "{}", stdout(&info));
+    let monitor = project.run(&["channels", "monitor", "--count", "1", "SR:BEAM:CURRENT"]).await;
+    assert_success(&monitor);
+    assert!(stdout(&monitor).contains("SR:BEAM:CURRENT = 500 mA"), "{}", stdout(&monitor));
+
+    // Gate 1: writes are off unless enabled.
+    let refused = project.run(&["channels", "put", "--yes", "LINAC:RF:AMP:SP", "55"]).await;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(stderr(&refused).contains("writes to the control system are disabled"), "{}", stderr(&refused));
+
+    // Gate 2: the limits database.
+    std::fs::write(project.path().join("limits.json"), r#"{"LINAC:RF:AMP:SP": {"min_value": 0, "max_value": 60, "max_step": 10}}"#)
+        .expect("written");
+    with_control(
+        "  writes_enabled: true\n  limits_checking:\n    enabled: true\n    database_path: limits.json\n  write_verification:\n    default_level: readback\n",
+    );
+    for (value, says) in [("70", "above the channel's maximum of 60"), ("35", "largest step of 10"), ("fast", "takes a number")] {
+        let refused = project.run(&["channels", "put", "--yes", "LINAC:RF:AMP:SP", value]).await;
+        assert_eq!(refused.status.code(), Some(1), "{value}");
+        assert!(stderr(&refused).contains(says), "{value}: {}", stderr(&refused));
+    }
+    let unlisted = project.run(&["channels", "put", "--yes", "SR:MAG:QF1:SP", "1"]).await;
+    assert!(stderr(&unlisted).contains("not in the limits database"), "{}", stderr(&unlisted));
+
+    // Gate 3: a confirmation, unless --yes; piped stdin cannot give one.
+    let unconfirmed = project.run(&["channels", "put", "LINAC:RF:AMP:SP", "55"]).await;
+    assert_eq!(unconfirmed.status.code(), Some(1));
+    assert!(stderr(&unconfirmed).contains("50 % → 55 %") && stderr(&unconfirmed).contains("pass --yes"), "{}", stderr(&unconfirmed));
+    let written = project.run(&["channels", "put", "--yes", "--json", "LINAC:RF:AMP:SP", "55"]).await;
+    assert_success(&written);
+    let outcome: Value = serde_json::from_str(stdout(&written).trim()).expect("JSON");
+    assert_eq!(outcome["verification"]["verified"], true, "{outcome}");
+    assert_eq!(outcome["verification"]["level"], "readback", "{outcome}");
+    assert_eq!(outcome["previous"]["value"].as_f64(), Some(50.0), "{outcome}");
+
+    // A database that cannot be used stops the configuration from loading.
+    std::fs::write(project.path().join("limits.json"), "{oops").expect("written");
+    let broken = project.run(&["channels", "get", "SR:BEAM:CURRENT"]).await;
+    assert_eq!(broken.status.code(), Some(2));
+    assert!(stderr(&broken).contains("control_system.limits_checking.database_path"), "{}", stderr(&broken));
+}

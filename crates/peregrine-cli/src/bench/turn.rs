@@ -236,7 +236,7 @@ async fn measure_overhead(config: Config, scratch: &ScratchDir, turns: usize) ->
     let warmup_thread = format!("{}-warmup", config.label());
     let warmup = run_turn(&agent, &llm, &warmup_thread).await?;
     llm.measure_schemas(false);
-    let checkpoints_per_turn = agent.graph().history(&warmup_thread, ListQuery::default()).await?.len();
+    let checkpoints_per_turn = agent.history(&warmup_thread, ListQuery::default()).await?.len();
     let mut samples = Vec::with_capacity(turns);
     for turn in 0..turns {
         samples.push(run_turn(&agent, &llm, &format!("{}-{turn}", config.label())).await?);

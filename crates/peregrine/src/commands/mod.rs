@@ -1,5 +1,6 @@
 //! One module per command.
 
+pub mod channels;
 pub mod chat;
 pub mod config_cmd;
 pub mod health;

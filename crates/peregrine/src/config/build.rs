@@ -16,11 +16,12 @@ use super::de::{EnvLookup, Interpolating, Scope, Unresolved, Walk};
 use super::errors::{deserialize_error, typo_hints, unset_message, yaml_error};
 use super::lines::key_position;
 use super::raw::{
-    CheckpointerKind, OrchestrationMode, PositiveCount, RawCapabilities, RawCheckpointer, RawConfig, RawLogging, RawProvider, RawServer,
+    CheckpointerKind, ControlSystemKind as ControlSystemKindRaw, Count, OnViolation, OrchestrationMode, PositiveCount, RawCapabilities,
+    RawCheckpointer, RawConfig, RawControlSystem, RawGateway, RawLogging, RawProvider, RawServer, Seconds,
 };
 use super::{
-    BUILTIN_CAPABILITIES, CapabilitiesConfig, CheckpointerConfig, Config, ConfigError, DevelopmentConfig, LoggingConfig, Secrets,
-    ServerConfig, checks, defaults, dsn, merge,
+    BUILTIN_CAPABILITIES, CapabilitiesConfig, CheckpointerConfig, Config, ConfigError, ControlSystemConfig, ControlSystemKind,
+    DevelopmentConfig, EpicsConfig, LoggingConfig, Secrets, ServerConfig, checks, defaults, dsn, merge,
 };
 
 /// The most connections a PostgreSQL checkpointer's pool may hold (`checkpointer.pool_size`):
@@ -145,6 +146,7 @@ impl Build<'_> {
         let capabilities = self.capabilities(raw.capabilities, embedded_model)?;
         let server = self.server(raw.server)?;
         let logging = self.logging(raw.logging.unwrap_or_default())?;
+        let control_system = self.control_system(raw.control_system)?;
         let development = raw.development.unwrap_or_default();
         let development = DevelopmentConfig {
             save_api_calls: development.api_calls.and_then(|calls| calls.save_all).unwrap_or(false),
@@ -160,6 +162,7 @@ impl Build<'_> {
             server,
             logging,
             development,
+            control_system,
             ignored_keys: Vec::new(),
             warnings: Vec::new(),
             secrets: std::mem::take(&mut self.secrets),
@@ -231,6 +234,106 @@ impl Build<'_> {
             body_timeout: seconds(bounded("body_timeout_seconds", raw.body_timeout_seconds, 60, 3600, "seconds")?),
             allowed_origins,
             status_lines: raw.status_lines.unwrap_or(defaults.status_lines),
+        })
+    }
+
+    /// `control_system`: the connector and the write gates. Writes stay off unless
+    /// `writes_enabled: true`; a limits database is loaded here, and one named but unusable is
+    /// an error (limits checking enabled without a database refuses every write, with a warning).
+    fn control_system(&mut self, raw: Option<RawControlSystem>) -> Result<ControlSystemConfig, ConfigError> {
+        use peregrine_control::{LimitsCheck, LimitsDatabase, LimitsError, MockSettings, VerificationLevel, WriteSettings};
+        let Some(raw) = raw else { return Ok(ControlSystemConfig::default()) };
+        let kind = match raw.kind {
+            None | Some(ControlSystemKindRaw::Mock) => ControlSystemKind::Mock,
+            Some(ControlSystemKindRaw::Epics) => ControlSystemKind::Epics,
+        };
+        let checking = raw.limits_checking.unwrap_or_default();
+        let allow_unlisted = checking.allow_unlisted_channels.unwrap_or(false);
+        let writes_enabled = raw.writes_enabled.unwrap_or(false);
+        let limits = match (checking.enabled.unwrap_or(false), checking.database_path.filter(|path| !path.trim().is_empty())) {
+            (false, path) => {
+                if path.is_some() {
+                    self.warnings.push(
+                        "control_system.limits_checking.database_path is set but limits_checking.enabled is not true: the limits are not checked".to_owned(),
+                    );
+                } else if writes_enabled {
+                    self.warnings.push(
+                        "control_system.writes_enabled is true without limits_checking: writes are checked by no limits database"
+                            .to_owned(),
+                    );
+                }
+                LimitsCheck::Off
+            }
+            (true, None) => {
+                self.warnings.push("control_system.limits_checking is enabled without a database_path: every write is refused".to_owned());
+                let detail = "limits_checking is enabled but no database_path is set".to_owned();
+                LimitsCheck::On { database: Err(LimitsError::Invalid { detail }), allow_unlisted }
+            }
+            (true, Some(path)) => {
+                let database = LimitsDatabase::load(&self.path(&path))
+                    .map_err(|error| self.error_at("control_system.limits_checking.database_path", error.to_string()))?;
+                LimitsCheck::On { database: Ok(database), allow_unlisted }
+            }
+        };
+        if checking.on_violation == Some(OnViolation::Skip) {
+            self.warnings.push(
+                "control_system.limits_checking.on_violation: skip is read as error: a write operation with one refused write is refused whole".to_owned(),
+            );
+        }
+        let verification = raw.write_verification.unwrap_or_default();
+        let tolerance_percent = verification.default_tolerance_percent.unwrap_or(0.1);
+        if !tolerance_percent.is_finite() || !(0.0..=100.0).contains(&tolerance_percent) {
+            return Err(self.error_at(
+                "control_system.write_verification.default_tolerance_percent",
+                format!("{tolerance_percent} is not a percentage; use a number from 0 to 100 (the default is 0.1)"),
+            ));
+        }
+        let level = match verification.enabled {
+            Some(false) => VerificationLevel::None,
+            _ => verification.default_level.unwrap_or(VerificationLevel::Callback),
+        };
+        let connectors = raw.connector.unwrap_or_default();
+        let mock = connectors.mock.unwrap_or_default();
+        let noise_level = mock.noise_level.unwrap_or(0.0);
+        if !noise_level.is_finite() || !(0.0..=1.0).contains(&noise_level) {
+            return Err(self.error_at(
+                "control_system.connector.mock.noise_level",
+                format!("{noise_level} is not a noise level; use a fraction from 0 to 1 (0.01 is 1 %)"),
+            ));
+        }
+        let epics = connectors.epics.unwrap_or_default();
+        let port = |key: &str, port: Option<Count>| -> Result<Option<u16>, ConfigError> {
+            port.map(|port| {
+                u16::try_from(port.0).ok().filter(|port| *port > 0).ok_or_else(|| {
+                    self.error_at(&format!("control_system.connector.epics.{key}"), format!("{} is not a port; use 1 to 65535", port.0))
+                })
+            })
+            .transpose()
+        };
+        let server_port = port("server_port", epics.server_port)?;
+        let gateways = epics.gateways.unwrap_or_default();
+        let gateway = |key: &str, raw: Option<RawGateway>| -> Result<Option<String>, ConfigError> {
+            let Some(raw) = raw else { return Ok(None) };
+            let Some(address) = raw.address.filter(|address| !address.trim().is_empty()) else { return Ok(None) };
+            let port = port(&format!("gateways.{key}.port"), raw.port)?.unwrap_or(5064);
+            Ok(Some(format!("{}:{port}", address.trim())))
+        };
+        let read_gateway = gateway("read_only", gateways.read_only)?;
+        let write_gateway = gateway("write_access", gateways.write_access)?;
+        let seconds = |given: Option<Seconds>| std::time::Duration::from_secs_f64(given.map_or(5.0, |seconds| seconds.0));
+        Ok(ControlSystemConfig {
+            kind,
+            writes: WriteSettings { writes_enabled, limits, verification: level, tolerance_percent },
+            verification_timeout: seconds(verification.timeout),
+            mock: MockSettings { noise_level, seed: mock.seed.map_or(1, |seed| seed.0), ..MockSettings::default() },
+            epics: EpicsConfig {
+                timeout: seconds(epics.timeout),
+                addr_list: epics.addr_list.unwrap_or_default(),
+                auto_addr_list: epics.auto_addr_list,
+                server_port,
+                read_gateway,
+                write_gateway,
+            },
         })
     }
 

@@ -22,7 +22,6 @@ const OSPREY_TOP_LEVEL: &[&str] = &[
     "services",
     "deployed_services",
     "execution",
-    "control_system",
     "archiver",
     "channel_finder",
     "machine_state",

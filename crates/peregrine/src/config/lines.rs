@@ -9,8 +9,9 @@ pub(crate) fn key_position(text: &str, path: &[&str]) -> Option<(usize, usize)> 
     let mut ancestry: Vec<(usize, String)> = Vec::new();
     let mut best: Option<(usize, usize, usize)> = None;
     let mut block_scalar_parent: Option<usize> = None;
-    for (index, raw_line) in text.lines().enumerate() {
-        let line = raw_line.trim_end_matches('\r');
+    // Lines as YAML counts them: `\r\n`, `\n` and a bare `\r` each end one.
+    let text = text.replace("\r\n", "\n").replace('\r', "\n");
+    for (index, line) in text.lines().enumerate() {
         let content = line.trim_start_matches(' ');
         let mut indent = line.len() - content.len();
         if content.trim().is_empty() {
@@ -90,6 +91,17 @@ fn split_key(text: &str) -> Option<(String, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_yaml_line_break_counts() {
+        for text in [
+            "a: 1\nmodels:\n  x:\n    provider: p\n",
+            "a: 1\r\nmodels:\r\n  x:\r\n    provider: p\r\n",
+            "a: 1\rmodels:\r  x:\r    provider: p\r",
+        ] {
+            assert_eq!(key_position(text, &["models", "x", "provider"]), Some((4, 5)), "{text:?}");
+        }
+    }
 
     const TEXT: &str = "\
 # Peregrine

@@ -78,6 +78,63 @@ impl CapabilitiesConfig {
     }
 }
 
+/// Which control system the agent talks to (`control_system.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ControlSystemKind {
+    /// The simulated machine (the default: needs no setup).
+    #[default]
+    Mock,
+    /// EPICS Channel Access.
+    Epics,
+}
+
+/// `control_system.connector.epics`: how the Channel Access connector finds its servers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpicsConfig {
+    /// How long a connection or a read may take (default 5 s).
+    pub timeout: std::time::Duration,
+    /// The CA servers to search (`addr_list`; `EPICS_CA_ADDR_LIST` overrides it).
+    pub addr_list: Vec<String>,
+    /// Whether to search the broadcast addresses too (`auto_addr_list`).
+    pub auto_addr_list: Option<bool>,
+    /// The CA server port (`server_port`).
+    pub server_port: Option<u16>,
+    /// The gateway reads go through (`gateways.read_only`), as `host:port`.
+    pub read_gateway: Option<String>,
+    /// The gateway writes go through (`gateways.write_access`), as `host:port`.
+    pub write_gateway: Option<String>,
+}
+
+impl Default for EpicsConfig {
+    fn default() -> Self {
+        Self {
+            timeout: std::time::Duration::from_secs(5),
+            addr_list: Vec::new(),
+            auto_addr_list: None,
+            server_port: None,
+            read_gateway: None,
+            write_gateway: None,
+        }
+    }
+}
+
+/// `control_system`: the connector and the write gates.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ControlSystemConfig {
+    /// The connector.
+    pub kind: ControlSystemKind,
+    /// The write gates: the master switch (off unless `writes_enabled: true`), the limits
+    /// database (loaded here; one that cannot be used refuses every write), verification.
+    pub writes: peregrine_control::WriteSettings,
+    /// How long a write's verification may take (`write_verification.timeout`, default 5 s).
+    pub verification_timeout: std::time::Duration,
+    /// `connector.mock`.
+    pub mock: peregrine_control::MockSettings,
+    /// `connector.epics`.
+    pub epics: EpicsConfig,
+}
+
 /// `server`: how `peregrine serve` listens.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -163,6 +220,8 @@ pub struct Config {
     pub logging: LoggingConfig,
     /// `development`.
     pub development: DevelopmentConfig,
+    /// `control_system`.
+    pub control_system: ControlSystemConfig,
     /// Dotted keys of the file that Peregrine does not use, reported once as ignored (sorted).
     pub ignored_keys: Vec<String>,
     /// Problems worth a warning that do not stop loading (an unset `${VAR}`, …).
@@ -187,6 +246,7 @@ impl fmt::Debug for Config {
             server: &'a ServerConfig,
             logging: &'a LoggingConfig,
             development: &'a DevelopmentConfig,
+            control_system: &'a ControlSystemConfig,
             ignored_keys: &'a Vec<String>,
             warnings: &'a Vec<String>,
             secrets: &'a Secrets,
@@ -201,6 +261,7 @@ impl fmt::Debug for Config {
             server: &self.server,
             logging: &self.logging,
             development: &self.development,
+            control_system: &self.control_system,
             ignored_keys: &self.ignored_keys,
             warnings: &self.warnings,
             secrets: &self.secrets,
@@ -419,6 +480,7 @@ impl Config {
             server: ServerConfig::default(),
             logging: LoggingConfig::default(),
             development: DevelopmentConfig::default(),
+            control_system: ControlSystemConfig::default(),
             ignored_keys: Vec::new(),
             warnings: Vec::new(),
             secrets: Secrets::default(),

@@ -40,6 +40,119 @@ pub(crate) struct RawConfig {
     pub logging: Option<RawLogging>,
     #[serde(default)]
     pub development: Option<RawDevelopment>,
+    #[serde(default)]
+    pub control_system: Option<RawControlSystem>,
+}
+
+/// `control_system` (Osprey's section; keys Peregrine does not read are reported as ignored).
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawControlSystem {
+    #[serde(default, rename = "type")]
+    pub kind: Option<ControlSystemKind>,
+    #[serde(default)]
+    pub writes_enabled: Option<bool>,
+    #[serde(default)]
+    pub limits_checking: Option<RawLimitsChecking>,
+    #[serde(default)]
+    pub write_verification: Option<RawWriteVerification>,
+    #[serde(default)]
+    pub connector: Option<RawConnectors>,
+}
+
+/// `control_system.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum ControlSystemKind {
+    Mock,
+    Epics,
+}
+
+/// `control_system.limits_checking`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawLimitsChecking {
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    #[serde(default)]
+    pub database_path: Option<String>,
+    #[serde(default)]
+    pub allow_unlisted_channels: Option<bool>,
+    #[serde(default)]
+    pub on_violation: Option<OnViolation>,
+}
+
+/// `control_system.limits_checking.on_violation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum OnViolation {
+    Error,
+    Skip,
+}
+
+/// `control_system.write_verification`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawWriteVerification {
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    #[serde(default)]
+    pub default_level: Option<peregrine_control::VerificationLevel>,
+    #[serde(default)]
+    pub default_tolerance_percent: Option<f64>,
+    #[serde(default)]
+    pub timeout: Option<Seconds>,
+}
+
+/// `control_system.connector`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawConnectors {
+    #[serde(default)]
+    pub mock: Option<RawMockConnector>,
+    #[serde(default)]
+    pub epics: Option<RawEpicsConnector>,
+}
+
+/// `control_system.connector.mock`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawMockConnector {
+    #[serde(default)]
+    pub noise_level: Option<f64>,
+    #[serde(default)]
+    pub seed: Option<Count>,
+}
+
+/// `control_system.connector.epics`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawEpicsConnector {
+    #[serde(default)]
+    pub timeout: Option<Seconds>,
+    /// Peregrine's: the CA servers to search (`EPICS_CA_ADDR_LIST` overrides it).
+    #[serde(default)]
+    pub addr_list: Option<Vec<String>>,
+    /// Peregrine's: whether to search the broadcast addresses too (`EPICS_CA_AUTO_ADDR_LIST`).
+    #[serde(default)]
+    pub auto_addr_list: Option<bool>,
+    /// Peregrine's: the CA server port (`EPICS_CA_SERVER_PORT`).
+    #[serde(default)]
+    pub server_port: Option<Count>,
+    #[serde(default)]
+    pub gateways: Option<RawGateways>,
+}
+
+/// `control_system.connector.epics.gateways`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawGateways {
+    #[serde(default)]
+    pub read_only: Option<RawGateway>,
+    #[serde(default)]
+    pub write_access: Option<RawGateway>,
+}
+
+/// One CA gateway.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawGateway {
+    #[serde(default)]
+    pub address: Option<String>,
+    #[serde(default)]
+    pub port: Option<Count>,
 }
 
 /// `models.<role>`.
@@ -259,8 +372,16 @@ pub(crate) fn known_keys(section: &str) -> &'static [&'static str] {
             "capabilities",
             "logging",
             "development",
+            "control_system",
         ],
         "api" => &["providers"],
+        "control_system" => &["type", "writes_enabled", "limits_checking", "write_verification", "connector"],
+        "control_system.limits_checking" => &["enabled", "database_path", "allow_unlisted_channels", "on_violation"],
+        "control_system.write_verification" => &["enabled", "default_level", "default_tolerance_percent", "timeout"],
+        "control_system.connector" => &["mock", "epics"],
+        "control_system.connector.mock" => &["noise_level", "seed"],
+        "control_system.connector.epics" => &["timeout", "addr_list", "auto_addr_list", "server_port", "gateways"],
+        "control_system.connector.epics.gateways" => &["read_only", "write_access"],
         "system" => &["timezone"],
         "file_paths" => &["agent_data_dir"],
         "logging" => &["level", "file"],

@@ -1,0 +1,371 @@
+//! The mock connector: a deterministic simulated machine that needs no setup, the default of a
+//! control assistant. A channel exists once it is named (any address of letters, digits and
+//! `: _ - . /`); its first value and its units come from its name (`…CURRENT` 500 mA, `…AMP`
+//! 50 %, `…TEMP` 25 degC, …), reads may carry seeded noise, writes are kept and read back
+//! (exactly, or off by a configured fraction to exercise verification), and every write is
+//! counted so tests can prove what reached the "machine".
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use chrono::Utc;
+use tokio::sync::mpsc;
+
+use crate::connector::{ControlSystem, Monitor};
+use crate::error::ControlError;
+use crate::value::{AlarmSeverity, ChannelMetadata, ChannelValue, Reading, Verification, VerificationLevel};
+
+/// How the mock machine behaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MockSettings {
+    /// Relative noise on numeric reads (0: none; Osprey's default is 0.01).
+    pub noise_level: f64,
+    /// The seed of the noise.
+    pub seed: u64,
+    /// A write reads back off by this fraction of its value (0: exact).
+    pub readback_offset: f64,
+}
+
+impl Default for MockSettings {
+    /// No noise, exact readback: the same reads every time.
+    fn default() -> Self {
+        Self { noise_level: 0.0, seed: 1, readback_offset: 0.0 }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Machine {
+    values: HashMap<String, ChannelValue>,
+    writes: HashMap<String, u32>,
+    monitors: HashMap<String, Vec<mpsc::Sender<Result<Reading, ControlError>>>>,
+    noise_state: u64,
+}
+
+/// The mock connector.
+#[derive(Debug)]
+pub struct MockControlSystem {
+    settings: MockSettings,
+    machine: Mutex<Machine>,
+}
+
+/// The first value and units of a channel, from its name.
+fn from_name(address: &str) -> (ChannelValue, Option<&'static str>) {
+    let name = address.to_ascii_uppercase();
+    let table: [(&str, f64, &str); 9] = [
+        ("CURRENT", 500.0, "mA"),
+        ("AMP", 50.0, "%"),
+        ("VOLT", 12.0, "V"),
+        ("TEMP", 25.0, "degC"),
+        ("PRESS", 1.0e-9, "Torr"),
+        ("FREQ", 499.654, "MHz"),
+        ("ENERGY", 1.9, "GeV"),
+        ("POS", 0.0, "mm"),
+        ("BPM", 0.0, "mm"),
+    ];
+    if name.ends_with("STATUS") || name.ends_with("MODE") || name.ends_with("STATE") {
+        return (ChannelValue::String("RUNNING".into()), None);
+    }
+    for (word, value, units) in table {
+        if name.contains(word) {
+            return (ChannelValue::Double(value), Some(units));
+        }
+    }
+    (ChannelValue::Double(0.0), None)
+}
+
+fn valid_address(address: &str) -> bool {
+    !address.is_empty()
+        && address.len() <= 256
+        && address.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '-' | '.' | '/'))
+}
+
+impl MockControlSystem {
+    /// A mock machine.
+    pub fn new(settings: MockSettings) -> Self {
+        let noise_state = settings.seed.max(1);
+        Self { settings, machine: Mutex::new(Machine { noise_state, ..Machine::default() }) }
+    }
+
+    /// How many writes reached `address`.
+    pub fn writes(&self, address: &str) -> u32 {
+        self.lock().writes.get(address).copied().unwrap_or(0)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Machine> {
+        self.machine.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn known(address: &str) -> Result<(), ControlError> {
+        if valid_address(address) { Ok(()) } else { Err(ControlError::UnknownChannel { address: address.to_owned() }) }
+    }
+
+    fn reading(&self, machine: &mut Machine, address: &str) -> Reading {
+        let (initial, units) = from_name(address);
+        let mut value = machine.values.get(address).cloned().unwrap_or(initial);
+        if self.settings.noise_level > 0.0
+            && let ChannelValue::Double(number) = &mut value
+        {
+            // xorshift64: deterministic for a seed, no dependency for a test double.
+            let mut x = machine.noise_state;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            machine.noise_state = x;
+            #[allow(clippy::cast_precision_loss, reason = "a uniform fraction needs 53 bits")]
+            let unit = (x >> 11) as f64 / (1u64 << 53) as f64;
+            *number *= 1.0 + self.settings.noise_level * (2.0 * unit - 1.0);
+        }
+        Reading {
+            address: address.to_owned(),
+            value,
+            units: units.map(str::to_owned),
+            timestamp: Utc::now(),
+            severity: AlarmSeverity::NoAlarm,
+        }
+    }
+}
+
+impl ControlSystem for MockControlSystem {
+    fn name(&self) -> &str {
+        "mock"
+    }
+
+    async fn read(&self, address: &str) -> Result<Reading, ControlError> {
+        Self::known(address)?;
+        let mut machine = self.lock();
+        Ok(self.reading(&mut machine, address))
+    }
+
+    async fn write(
+        &self,
+        address: &str,
+        value: &ChannelValue,
+        level: VerificationLevel,
+        tolerance: f64,
+    ) -> Result<Verification, ControlError> {
+        Self::known(address)?;
+        let stored = match (value.as_f64(), value) {
+            (Some(number), ChannelValue::Double(_)) if self.settings.readback_offset != 0.0 => {
+                ChannelValue::Double(number * (1.0 + self.settings.readback_offset))
+            }
+            _ => value.clone(),
+        };
+        let mut machine = self.lock();
+        machine.values.insert(address.to_owned(), stored.clone());
+        *machine.writes.entry(address.to_owned()).or_default() += 1;
+        let reading = self.reading(&mut machine, address);
+        if let Some(monitors) = machine.monitors.get_mut(address) {
+            monitors.retain(|monitor| monitor.try_send(Ok(reading.clone())).is_ok() || !monitor.is_closed());
+        }
+        drop(machine);
+        let verification = match level {
+            VerificationLevel::None => {
+                Verification { level, verified: true, readback: None, tolerance: None, notes: "not verified".into() }
+            }
+            VerificationLevel::Callback => {
+                Verification { level, verified: true, readback: None, tolerance: None, notes: "the mock machine took the write".into() }
+            }
+            VerificationLevel::Readback => {
+                let verified = match (value.as_f64(), reading.value.as_f64()) {
+                    (Some(wanted), Some(read)) => (wanted - read).abs() <= tolerance,
+                    _ => *value == reading.value,
+                };
+                let notes = format!("read back {} (wrote {}, tolerance {tolerance})", reading.value.display(), value.display());
+                Verification { level, verified, readback: Some(reading.value), tolerance: Some(tolerance), notes }
+            }
+        };
+        if verification.verified {
+            Ok(verification)
+        } else {
+            Err(ControlError::VerificationFailed { address: address.to_owned(), notes: verification.notes })
+        }
+    }
+
+    async fn metadata(&self, address: &str) -> Result<ChannelMetadata, ControlError> {
+        Self::known(address)?;
+        let (_, units) = from_name(address);
+        Ok(ChannelMetadata {
+            address: address.to_owned(),
+            units: units.map(str::to_owned),
+            precision: Some(3),
+            readable: true,
+            writable: true,
+            ..ChannelMetadata::default()
+        })
+    }
+
+    async fn monitor(&self, address: &str) -> Result<Monitor, ControlError> {
+        Self::known(address)?;
+        let (sender, readings) = mpsc::channel(64);
+        let mut machine = self.lock();
+        let first = self.reading(&mut machine, address);
+        // The channel has room: the first reading always fits.
+        let _ = sender.try_send(Ok(first));
+        machine.monitors.entry(address.to_owned()).or_default().push(sender);
+        Ok(Monitor { address: address.to_owned(), readings })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    /// A machine whose writes arrive and then time out, and whose reads are in INVALID alarm.
+    struct Flaky {
+        writes: AtomicU32,
+        severity: AlarmSeverity,
+    }
+
+    impl ControlSystem for Flaky {
+        fn name(&self) -> &str {
+            "flaky"
+        }
+        async fn read(&self, address: &str) -> Result<Reading, ControlError> {
+            Ok(Reading {
+                address: address.into(),
+                value: ChannelValue::Double(50.0),
+                units: None,
+                timestamp: Utc::now(),
+                severity: self.severity,
+            })
+        }
+        async fn write(&self, address: &str, _: &ChannelValue, _: VerificationLevel, _: f64) -> Result<Verification, ControlError> {
+            self.writes.fetch_add(1, Ordering::SeqCst);
+            Err(ControlError::Timeout { address: address.into(), seconds: 5.0 })
+        }
+        async fn metadata(&self, address: &str) -> Result<ChannelMetadata, ControlError> {
+            Err(ControlError::UnknownChannel { address: address.into() })
+        }
+        async fn monitor(&self, address: &str) -> Result<Monitor, ControlError> {
+            Err(ControlError::UnknownChannel { address: address.into() })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_that_times_out_may_have_happened_and_is_never_retried() {
+        let flaky = Flaky { writes: AtomicU32::new(0), severity: AlarmSeverity::NoAlarm };
+        let settings = WriteSettings { writes_enabled: true, ..WriteSettings::default() };
+        let gate = WriteGate::new(&settings, &flaky);
+        let planned = gate.plan(&[("X:AMP".to_owned(), ChannelValue::Double(55.0))]).await.expect("passes");
+        let uncertain = gate.execute(&planned[0]).await.expect_err("timed out");
+        assert!(matches!(uncertain, ControlError::WriteUncertain { .. }), "{uncertain:?}");
+        assert_eq!(uncertain.classification().severity, peregrine_core::ErrorSeverity::Critical, "not retried");
+        assert!(uncertain.to_string().contains("read the channel back"), "{uncertain}");
+        assert_eq!(flaky.writes.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_step_is_never_measured_from_an_invalid_reading_and_nan_is_never_sent() {
+        let flaky = Flaky { writes: AtomicU32::new(0), severity: AlarmSeverity::Invalid };
+        let database = LimitsDatabase::parse(r#"{"X:AMP": {"max_step": 10}}"#);
+        let settings =
+            WriteSettings { writes_enabled: true, limits: LimitsCheck::On { database, allow_unlisted: true }, ..WriteSettings::default() };
+        let gate = WriteGate::new(&settings, &flaky);
+        let refused = gate.plan(&[("X:AMP".to_owned(), ChannelValue::Double(51.0))]).await.expect_err("INVALID alarm");
+        assert!(refused.to_string().contains("current value cannot be read as a number"), "{refused}");
+        let open = WriteSettings { writes_enabled: true, ..WriteSettings::default() };
+        for value in [ChannelValue::Double(f64::NAN), ChannelValue::DoubleArray(vec![1.0, f64::INFINITY])] {
+            let refused = WriteGate::new(&open, &flaky).plan(&[("Y".to_owned(), value)]).await.expect_err("not finite");
+            assert!(refused.is_block(), "{refused}");
+        }
+        assert_eq!(flaky.writes.load(Ordering::SeqCst), 0);
+    }
+    use crate::gate::{LimitsCheck, WriteGate, WriteSettings};
+    use crate::limits::LimitsDatabase;
+
+    #[tokio::test]
+    async fn names_give_values_and_units_and_writes_read_back() {
+        let mock = MockControlSystem::new(MockSettings::default());
+        let current = mock.read("SR:BEAM:CURRENT").await.expect("read");
+        assert_eq!((current.value, current.units.as_deref()), (ChannelValue::Double(500.0), Some("mA")));
+        assert_eq!(mock.read("SR:STATUS").await.expect("read").value, ChannelValue::String("RUNNING".into()));
+        assert!(matches!(mock.read("bad name!").await, Err(ControlError::UnknownChannel { .. })));
+        let mut monitor = mock.monitor("LINAC:RF:AMP:SP").await.expect("monitor");
+        let verified =
+            mock.write("LINAC:RF:AMP:SP", &ChannelValue::Double(55.0), VerificationLevel::Readback, 0.055).await.expect("written");
+        assert!(verified.verified && verified.readback == Some(ChannelValue::Double(55.0)), "{verified:?}");
+        assert_eq!(mock.writes("LINAC:RF:AMP:SP"), 1);
+        let first = monitor.readings.recv().await.expect("first").expect("reading");
+        let second = monitor.readings.recv().await.expect("change").expect("reading");
+        assert_eq!((first.value, second.value), (ChannelValue::Double(50.0), ChannelValue::Double(55.0)));
+    }
+
+    #[tokio::test]
+    async fn noise_is_seeded_and_a_readback_offset_fails_verification() {
+        let noisy = |seed| MockControlSystem::new(MockSettings { noise_level: 0.01, seed, readback_offset: 0.0 });
+        let (a, b) = (noisy(7), noisy(7));
+        for _ in 0..5 {
+            let (x, y) = (a.read("SR:BEAM:CURRENT").await.expect("read"), b.read("SR:BEAM:CURRENT").await.expect("read"));
+            assert_eq!(x.value, y.value, "the same seed reads the same");
+            let number = x.value.as_f64().expect("number");
+            assert!((495.0..=505.0).contains(&number), "{number}");
+        }
+        let off = MockControlSystem::new(MockSettings { readback_offset: 0.01, ..MockSettings::default() });
+        let failed = off.write("X:AMP", &ChannelValue::Double(50.0), VerificationLevel::Readback, 0.05).await;
+        assert!(matches!(failed, Err(ControlError::VerificationFailed { .. })), "{failed:?}");
+        assert_eq!(off.writes("X:AMP"), 1, "the write was sent; only its check failed");
+    }
+
+    #[tokio::test]
+    async fn a_write_a_gate_stops_never_reaches_the_machine() {
+        let mock = MockControlSystem::new(MockSettings::default());
+        let amp = "LINAC:RF:AMP:SP".to_owned();
+        let database = LimitsDatabase::parse(
+            r#"{"LINAC:RF:AMP:SP": {"min_value": 0, "max_value": 60, "max_step": 10}, "SR:STATUS": {"writable": false}}"#,
+        );
+        let on = |database| LimitsCheck::On { database, allow_unlisted: false };
+        let cases: [(WriteSettings, (String, ChannelValue), &str); 6] = [
+            (WriteSettings::default(), (amp.clone(), ChannelValue::Double(55.0)), "writes_enabled"),
+            (
+                WriteSettings { writes_enabled: true, limits: on(database.clone()), ..WriteSettings::default() },
+                (amp.clone(), ChannelValue::Double(70.0)),
+                "maximum of 60",
+            ),
+            (
+                WriteSettings { writes_enabled: true, limits: on(database.clone()), ..WriteSettings::default() },
+                (amp.clone(), ChannelValue::Double(35.0)),
+                "largest step",
+            ),
+            (
+                WriteSettings { writes_enabled: true, limits: on(database.clone()), ..WriteSettings::default() },
+                ("SR:STATUS".into(), ChannelValue::String("x".into())),
+                "read-only",
+            ),
+            (
+                WriteSettings { writes_enabled: true, limits: on(database.clone()), ..WriteSettings::default() },
+                ("OTHER:AMP".into(), ChannelValue::Double(1.0)),
+                "not in the limits database",
+            ),
+            (
+                WriteSettings { writes_enabled: true, limits: on(LimitsDatabase::parse("{oops")), ..WriteSettings::default() },
+                (amp.clone(), ChannelValue::Double(55.0)),
+                "limits database cannot be used",
+            ),
+        ];
+        for (settings, write, says) in cases {
+            let gate = WriteGate::new(&settings, &mock);
+            let refused = gate.plan(std::slice::from_ref(&write)).await.expect_err(says);
+            assert!(refused.is_block() && refused.to_string().contains(says), "{says}: {refused}");
+        }
+        assert_eq!(mock.writes(&amp) + mock.writes("SR:STATUS") + mock.writes("OTHER:AMP"), 0, "no write reached the machine");
+
+        let settings =
+            WriteSettings { writes_enabled: true, limits: on(database), verification: VerificationLevel::Readback, tolerance_percent: 0.1 };
+        let gate = WriteGate::new(&settings, &mock);
+        let planned = gate.plan(&[(amp.clone(), ChannelValue::Double(55.0))]).await.expect("passes");
+        assert_eq!(planned[0].current.value, ChannelValue::Double(50.0), "the approval shows the current value");
+        assert!((planned[0].tolerance - 0.055).abs() < 1e-12);
+        let done = gate.execute(&planned[0]).await.expect("written");
+        assert!(done.verification.verified && done.previous == ChannelValue::Double(50.0));
+        assert_eq!(mock.writes(&amp), 1);
+        // Approved again later, from 55: the step is measured from the value now (still fine),
+        // but a write planned from 50 to 59 is refused once the channel stands at 45.
+        let later = gate.plan(&[(amp.clone(), ChannelValue::Double(59.0))]).await.expect("passes from 55");
+        mock.write(&amp, &ChannelValue::Double(45.0), VerificationLevel::None, 0.0).await.expect("moved");
+        let refused = gate.execute(&later[0]).await.expect_err("the step is measured again");
+        assert!(refused.to_string().contains("largest step"), "{refused}");
+        assert_eq!(mock.writes(&amp), 2, "only the direct move reached it");
+    }
+}

@@ -1,0 +1,135 @@
+//! Typed channel values, readings with their units, timestamp and alarm severity, channel
+//! metadata (units, limits, precision, enum strings, access), and how a write is verified.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// A channel's value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "value", rename_all = "snake_case")]
+pub enum ChannelValue {
+    /// A floating-point value (EPICS DBR_DOUBLE/FLOAT).
+    Double(f64),
+    /// An integer value (DBR_LONG/SHORT/CHAR).
+    Integer(i64),
+    /// A string (DBR_STRING).
+    String(String),
+    /// An enumerated value: its index and, when known, its label (DBR_ENUM).
+    Enum {
+        /// The state's index.
+        index: u16,
+        /// The state's label from the channel's enum strings.
+        label: Option<String>,
+    },
+    /// A waveform of floating-point values.
+    DoubleArray(Vec<f64>),
+    /// A waveform of integers.
+    IntegerArray(Vec<i64>),
+}
+
+impl ChannelValue {
+    /// The value as a number, for limits and verification (an enum's index; `None` for strings
+    /// and arrays).
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Self::Double(value) => Some(*value),
+            #[allow(clippy::cast_precision_loss, reason = "channel integers are far below 2^53")]
+            Self::Integer(value) => Some(*value as f64),
+            Self::Enum { index, .. } => Some(f64::from(*index)),
+            Self::String(_) | Self::DoubleArray(_) | Self::IntegerArray(_) => None,
+        }
+    }
+
+    /// The value as a person reads it (an enum's label when known).
+    pub fn display(&self) -> String {
+        let join = |items: Vec<String>| format!("[{}]", items.join(", "));
+        match self {
+            Self::Double(value) => value.to_string(),
+            Self::Integer(value) => value.to_string(),
+            Self::String(text) => text.clone(),
+            Self::Enum { index, label: Some(label) } => format!("{label} ({index})"),
+            Self::Enum { index, label: None } => index.to_string(),
+            Self::DoubleArray(values) => join(values.iter().map(f64::to_string).collect()),
+            Self::IntegerArray(values) => join(values.iter().map(i64::to_string).collect()),
+        }
+    }
+}
+
+/// A channel's alarm severity (EPICS: NO_ALARM, MINOR, MAJOR, INVALID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlarmSeverity {
+    /// No alarm.
+    #[default]
+    NoAlarm,
+    /// A minor alarm.
+    Minor,
+    /// A major alarm.
+    Major,
+    /// The value is invalid (e.g. its source is disconnected).
+    Invalid,
+}
+
+/// One read of a channel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reading {
+    /// The channel's address (EPICS: the PV name).
+    pub address: String,
+    /// Its value.
+    pub value: ChannelValue,
+    /// Its engineering units (`EGU`), when it has any.
+    pub units: Option<String>,
+    /// When the value was taken (the IOC's timestamp for EPICS).
+    pub timestamp: DateTime<Utc>,
+    /// Its alarm severity.
+    pub severity: AlarmSeverity,
+}
+
+/// What is known about a channel besides its value.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChannelMetadata {
+    /// The channel's address.
+    pub address: String,
+    /// Engineering units.
+    pub units: Option<String>,
+    /// Display precision (decimal places).
+    pub precision: Option<u16>,
+    /// The display range (`LOPR`..`HOPR`).
+    pub display_limits: Option<(f64, f64)>,
+    /// The control range the connector enforces (`DRVL`..`DRVH`).
+    pub control_limits: Option<(f64, f64)>,
+    /// The labels of an enumerated channel, by index.
+    pub enum_strings: Vec<String>,
+    /// Whether the connector may read it.
+    pub readable: bool,
+    /// Whether the connector may write it.
+    pub writable: bool,
+}
+
+/// How a write is checked after it was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerificationLevel {
+    /// Not checked.
+    None,
+    /// The control system confirmed the write completed (EPICS put-callback).
+    #[default]
+    Callback,
+    /// The value read back after the write is the value written, within the tolerance.
+    Readback,
+}
+
+/// How a write was verified.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verification {
+    /// The level checked.
+    pub level: VerificationLevel,
+    /// Whether it was checked and held (false when the level is `none`: nothing was checked).
+    pub verified: bool,
+    /// The value read back (for `readback`).
+    pub readback: Option<ChannelValue>,
+    /// The tolerance used, in the channel's units (for `readback`).
+    pub tolerance: Option<f64>,
+    /// What the check found, for the person.
+    pub notes: String,
+}
