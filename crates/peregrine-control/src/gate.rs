@@ -5,9 +5,12 @@
 //! two gates again against the value current at that moment: a step measured from a value that
 //! changed while the approval waited is measured again.
 
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
 use crate::connector::DynControlSystem;
 use crate::error::ControlError;
-use crate::limits::{ChannelLimits, LimitsDatabase, LimitsError, check_finite, check_step};
+use crate::limits::{ChannelLimits, LimitsDatabase, LimitsError, canonical_address, check_finite, check_step};
 use crate::value::{AlarmSeverity, ChannelValue, Reading, Verification, VerificationLevel};
 
 /// Whether and how writes are checked against the limits database.
@@ -72,6 +75,59 @@ pub struct WriteOutcome {
     pub previous: ChannelValue,
     /// How it was verified.
     pub verification: Verification,
+    /// Not sent again: an approval delivered again after a crash found the channel already at
+    /// the approved value (the first delivery's write had happened).
+    pub already_written: bool,
+}
+
+/// An approved operation that stopped part-way: the writes before the failed one happened.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartialWrite {
+    /// The writes that happened, in order.
+    pub done: Vec<WriteOutcome>,
+    /// Why the operation stopped (for a gate's stop before any write, `done` is empty).
+    pub error: ControlError,
+}
+
+/// One lock per channel in this process, taken around an operation's re-check and write, so two
+/// turns never both measure a step from the same value and then both write.
+#[derive(Debug, Default, Clone)]
+pub struct ChannelLocks {
+    locks: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl ChannelLocks {
+    /// Takes the locks of `addresses` (canonical, each once, in sorted order so two operations
+    /// never wait for each other).
+    pub async fn lock(&self, addresses: impl IntoIterator<Item = &str>) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        let keys: BTreeSet<String> =
+            addresses.into_iter().map(|address| canonical_address(address).unwrap_or_else(|_| address.to_owned())).collect();
+        let mutexes: Vec<_> = {
+            let mut locks = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            keys.into_iter().map(|key| Arc::clone(locks.entry(key).or_default())).collect()
+        };
+        let mut guards = Vec::with_capacity(mutexes.len());
+        for mutex in mutexes {
+            guards.push(mutex.lock_owned().await);
+        }
+        guards
+    }
+}
+
+/// An operation writes each channel once (`X` and `X.VAL` are one channel): two writes to one
+/// channel would each measure their step from the same current value.
+fn once_each(writes: &[(String, ChannelValue)]) -> Result<(), ControlError> {
+    let mut seen = BTreeSet::new();
+    for (address, value) in writes {
+        if !seen.insert(canonical_address(address).unwrap_or_else(|_| address.clone())) {
+            return Err(ControlError::InvalidValue {
+                address: address.clone(),
+                value: value.display(),
+                detail: "the operation writes this channel twice; write each channel once".into(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The gates of one control system.
@@ -96,11 +152,81 @@ impl<'a> WriteGate<'a> {
     /// value), before anyone is asked to approve them. The first write stopped stops them all:
     /// an operation is approved whole or not at all.
     pub async fn plan(&self, writes: &[(String, ChannelValue)]) -> Result<Vec<PlannedWrite>, ControlError> {
+        once_each(writes)?;
         let mut planned = Vec::with_capacity(writes.len());
         for (address, value) in writes {
             planned.push(self.check(address, value).await?);
         }
         Ok(planned)
+    }
+
+    /// The gates that need no reading, before anything is read or parsed: the master switch,
+    /// then the address, listed and writable — and, when `value` is known already, a finite
+    /// value within min and max. A channel the gates stop is never read for the write.
+    pub fn precheck(&self, address: &str, value: Option<&ChannelValue>) -> Result<(), ControlError> {
+        if !self.settings.writes_enabled {
+            return Err(ControlError::WritesDisabled { address: address.to_owned() });
+        }
+        let shown = value.map_or_else(String::new, ChannelValue::display);
+        let refused = |violation| ControlError::LimitViolation { address: address.to_owned(), value: shown.clone(), violation };
+        if let Some(value) = value {
+            check_finite(value).map_err(refused)?;
+        }
+        match &self.settings.limits {
+            LimitsCheck::Off => Ok(()),
+            LimitsCheck::On { database: Err(error), .. } => Err(ControlError::LimitsUnavailable { detail: error.to_string() }),
+            LimitsCheck::On { database: Ok(database), allow_unlisted } => match value {
+                Some(value) => database.check_static(address, value, *allow_unlisted).map(drop).map_err(refused),
+                None => database.check_address(address, *allow_unlisted).map(drop).map_err(refused),
+            },
+        }
+    }
+
+    /// Writes an approved operation exactly as approved, whole or not at all as far as the gates
+    /// go: under the channels' locks, every write is checked again against the values current
+    /// now (a stop writes nothing), then each is written and verified in order; a failure stops
+    /// the writes after it. With `redelivered` (the approval's answer was delivered again after
+    /// a crash), a channel that already reads the approved value is not written again.
+    pub async fn execute_all(
+        &self,
+        writes: &[(String, ChannelValue)],
+        locks: &ChannelLocks,
+        redelivered: bool,
+    ) -> Result<Vec<WriteOutcome>, PartialWrite> {
+        let stopped = |error| PartialWrite { done: Vec::new(), error };
+        once_each(writes).map_err(stopped)?;
+        let _guards = locks.lock(writes.iter().map(|(address, _)| address.as_str())).await;
+        let mut fresh = Vec::with_capacity(writes.len());
+        for (address, value) in writes {
+            fresh.push(self.check(address, value).await.map_err(stopped)?);
+        }
+        let mut done = Vec::with_capacity(fresh.len());
+        for write in fresh {
+            if redelivered && write.current.severity != AlarmSeverity::Invalid && write.current.value.matches(&write.value, write.tolerance)
+            {
+                let notes = format!("already at {} (the approval was delivered again; not written twice)", write.current.value.display());
+                let verification = Verification {
+                    level: VerificationLevel::Readback,
+                    verified: true,
+                    readback: Some(write.current.value.clone()),
+                    tolerance: Some(write.tolerance),
+                    notes,
+                };
+                done.push(WriteOutcome {
+                    address: write.address,
+                    value: write.value,
+                    previous: write.current.value,
+                    verification,
+                    already_written: true,
+                });
+                continue;
+            }
+            match self.send(&write).await {
+                Ok(outcome) => done.push(outcome),
+                Err(error) => return Err(PartialWrite { done, error }),
+            }
+        }
+        Ok(done)
     }
 
     /// Writes a planned (and approved) write: the switch and the limits are checked again
@@ -109,7 +235,12 @@ impl<'a> WriteGate<'a> {
     /// [`ControlError::WriteUncertain`]: it may have happened, so it is never retried blindly.
     pub async fn execute(&self, write: &PlannedWrite) -> Result<WriteOutcome, ControlError> {
         let fresh = self.check(&write.address, &write.value).await?;
-        let verification = self.connector.write_boxed(&write.address, &write.value, fresh.verification, fresh.tolerance).await.map_err(
+        self.send(&fresh).await
+    }
+
+    /// The write of a write that just passed the gates, and its verification.
+    async fn send(&self, fresh: &PlannedWrite) -> Result<WriteOutcome, ControlError> {
+        let verification = self.connector.write_boxed(&fresh.address, &fresh.value, fresh.verification, fresh.tolerance).await.map_err(
             |error| match error {
                 ControlError::Timeout { address, seconds } => {
                     ControlError::WriteUncertain { address, detail: format!("no answer within {seconds} s") }
@@ -118,7 +249,13 @@ impl<'a> WriteGate<'a> {
                 other => other,
             },
         )?;
-        Ok(WriteOutcome { address: write.address.clone(), value: write.value.clone(), previous: fresh.current.value, verification })
+        Ok(WriteOutcome {
+            address: fresh.address.clone(),
+            value: fresh.value.clone(),
+            previous: fresh.current.value.clone(),
+            verification,
+            already_written: false,
+        })
     }
 
     /// The gates before the approval, for one write, in order: the master switch, the checks

@@ -19,7 +19,7 @@ pub mod value;
 
 pub use connector::{ControlSystem, DynControlSystem, Monitor, SharedControlSystem};
 pub use error::{ControlError, Violation};
-pub use gate::{LimitsCheck, PlannedWrite, WriteGate, WriteOutcome, WriteSettings};
-pub use limits::{ChannelLimits, ChannelVerification, LimitsDatabase, LimitsError};
+pub use gate::{ChannelLocks, LimitsCheck, PartialWrite, PlannedWrite, WriteGate, WriteOutcome, WriteSettings};
+pub use limits::{ChannelLimits, ChannelVerification, LimitsDatabase, LimitsError, canonical_address};
 pub use mock::{MockControlSystem, MockSettings};
 pub use value::{AlarmSeverity, ChannelMetadata, ChannelValue, Reading, Verification, VerificationLevel};

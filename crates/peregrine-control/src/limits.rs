@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::Violation;
@@ -33,7 +33,7 @@ pub enum LimitsError {
 }
 
 /// How one channel's writes are verified (overrides the configured default).
-#[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChannelVerification {
     /// The level.
@@ -48,7 +48,7 @@ pub struct ChannelVerification {
 }
 
 /// One channel's limits.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChannelLimits {
     /// The smallest value that may be written.
@@ -133,6 +133,16 @@ impl LimitsDatabase {
     /// a listed record (`X.DRVH`) must be listed itself, so a write to a record's limits never
     /// goes around its entry.
     pub fn check_static(&self, address: &str, value: &ChannelValue, allow_unlisted: bool) -> Result<Option<&ChannelLimits>, Violation> {
+        let limits = self.check_address(address, allow_unlisted)?;
+        if let Some(limits) = limits {
+            check_bounds(limits, value)?;
+        }
+        Ok(limits)
+    }
+
+    /// The checks that need neither a reading nor the value: the address, listed (or unlisted
+    /// channels allowed), writable. Returns the limits that apply, as [`Self::check_static`].
+    pub fn check_address(&self, address: &str, allow_unlisted: bool) -> Result<Option<&ChannelLimits>, Violation> {
         let canonical = canonical_address(address)?;
         let listed = self.channels.get(&canonical);
         if listed.is_none()
@@ -149,7 +159,9 @@ impl LimitsDatabase {
                 None => return Ok(None),
             },
         };
-        check_bounds(limits, value)?;
+        if !limits.writable {
+            return Err(Violation::ReadOnly);
+        }
         Ok(Some(limits))
     }
 

@@ -73,6 +73,11 @@ fn from_name(address: &str) -> (ChannelValue, Option<&'static str>) {
     (ChannelValue::Double(0.0), None)
 }
 
+/// The machine's key of a channel: `X.VAL` and `X` are one channel, fields in capitals.
+fn key(address: &str) -> String {
+    crate::limits::canonical_address(address).unwrap_or_else(|_| address.to_owned())
+}
+
 fn valid_address(address: &str) -> bool {
     !address.is_empty()
         && address.len() <= 256
@@ -88,7 +93,7 @@ impl MockControlSystem {
 
     /// How many writes reached `address`.
     pub fn writes(&self, address: &str) -> u32 {
-        self.lock().writes.get(address).copied().unwrap_or(0)
+        self.lock().writes.get(&key(address)).copied().unwrap_or(0)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Machine> {
@@ -101,7 +106,7 @@ impl MockControlSystem {
 
     fn reading(&self, machine: &mut Machine, address: &str) -> Reading {
         let (initial, units) = from_name(address);
-        let mut value = machine.values.get(address).cloned().unwrap_or(initial);
+        let mut value = machine.values.get(&key(address)).cloned().unwrap_or(initial);
         if self.settings.noise_level > 0.0
             && let ChannelValue::Double(number) = &mut value
         {
@@ -151,10 +156,10 @@ impl ControlSystem for MockControlSystem {
             _ => value.clone(),
         };
         let mut machine = self.lock();
-        machine.values.insert(address.to_owned(), stored.clone());
-        *machine.writes.entry(address.to_owned()).or_default() += 1;
+        machine.values.insert(key(address), stored.clone());
+        *machine.writes.entry(key(address)).or_default() += 1;
         let reading = self.reading(&mut machine, address);
-        if let Some(monitors) = machine.monitors.get_mut(address) {
+        if let Some(monitors) = machine.monitors.get_mut(&key(address)) {
             monitors.retain(|monitor| monitor.try_send(Ok(reading.clone())).is_ok() || !monitor.is_closed());
         }
         drop(machine);
@@ -201,7 +206,7 @@ impl ControlSystem for MockControlSystem {
         let first = self.reading(&mut machine, address);
         // The channel has room: the first reading always fits.
         let _ = sender.try_send(Ok(first));
-        machine.monitors.entry(address.to_owned()).or_default().push(sender);
+        machine.monitors.entry(key(address)).or_default().push(sender);
         Ok(Monitor { address: address.to_owned(), readings })
     }
 }
@@ -209,6 +214,9 @@ impl ControlSystem for MockControlSystem {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
+
+    use crate::gate::{ChannelLocks, LimitsCheck, WriteGate, WriteSettings};
+    use crate::limits::LimitsDatabase;
 
     use super::*;
 
@@ -272,8 +280,6 @@ mod tests {
         }
         assert_eq!(flaky.writes.load(Ordering::SeqCst), 0);
     }
-    use crate::gate::{LimitsCheck, WriteGate, WriteSettings};
-    use crate::limits::LimitsDatabase;
 
     #[tokio::test]
     async fn names_give_values_and_units_and_writes_read_back() {
@@ -290,6 +296,69 @@ mod tests {
         let first = monitor.readings.recv().await.expect("first").expect("reading");
         let second = monitor.readings.recv().await.expect("change").expect("reading");
         assert_eq!((first.value, second.value), (ChannelValue::Double(50.0), ChannelValue::Double(55.0)));
+        // `X.VAL` is `X` on the machine too (`.val` as EPICS reads it).
+        assert_eq!(mock.read("LINAC:RF:AMP:SP.val").await.expect("read").value, ChannelValue::Double(55.0));
+        assert_eq!(mock.writes("LINAC:RF:AMP:SP.VAL"), 1);
+    }
+
+    fn gated(database: &str) -> WriteSettings {
+        WriteSettings {
+            writes_enabled: true,
+            limits: LimitsCheck::On { database: LimitsDatabase::parse(database), allow_unlisted: false },
+            ..WriteSettings::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_approved_operation_is_checked_whole_before_any_write_and_written_once() {
+        let settings = gated(r#"{"A:AMP": {"max_value": 60, "max_step": 10}, "B:AMP": {"max_value": 60, "max_step": 10}}"#);
+        let mock = MockControlSystem::new(MockSettings::default());
+        let gate = WriteGate::new(&settings, &mock);
+        let locks = ChannelLocks::default();
+        let writes = vec![("A:AMP".to_owned(), ChannelValue::Double(55.0)), ("B:AMP".to_owned(), ChannelValue::Double(58.0))];
+        gate.plan(&writes).await.expect("both pass before the approval");
+        // While the approval waited, B moved: the step to 58 is now 18. Nothing is written, not even A.
+        mock.write("B:AMP", &ChannelValue::Double(40.0), VerificationLevel::None, 0.0).await.expect("moved");
+        let stopped = gate.execute_all(&writes, &locks, false).await.expect_err("B's step is too large now");
+        assert!(stopped.done.is_empty() && stopped.error.is_block(), "{stopped:?}");
+        assert_eq!(mock.writes("A:AMP"), 0, "a stop at any write writes none of the operation");
+
+        mock.write("B:AMP", &ChannelValue::Double(50.0), VerificationLevel::None, 0.0).await.expect("back");
+        let done = gate.execute_all(&writes, &locks, false).await.expect("written");
+        assert_eq!(done.iter().map(|outcome| outcome.already_written).collect::<Vec<_>>(), vec![false, false]);
+        assert_eq!((mock.writes("A:AMP"), mock.writes("B:AMP")), (1, 3));
+        // Delivered again after a crash: both already read the approved values; nothing is sent.
+        let again = gate.execute_all(&writes, &locks, true).await.expect("nothing to do");
+        assert!(again.iter().all(|outcome| outcome.already_written && outcome.verification.verified), "{again:?}");
+        assert_eq!((mock.writes("A:AMP"), mock.writes("B:AMP")), (1, 3));
+        // A first delivery always writes, even when the value is already there.
+        gate.execute_all(&writes[..1], &locks, false).await.expect("written again");
+        assert_eq!(mock.writes("A:AMP"), 2);
+    }
+
+    #[tokio::test]
+    async fn one_channel_twice_in_an_operation_is_refused_and_locks_serialise_operations() {
+        let settings = gated(r#"{"A:AMP": {"max_value": 60, "max_step": 10}}"#);
+        let mock = MockControlSystem::new(MockSettings::default());
+        let gate = WriteGate::new(&settings, &mock);
+        let twice = vec![("A:AMP".to_owned(), ChannelValue::Double(55.0)), ("A:AMP.VAL".to_owned(), ChannelValue::Double(59.0))];
+        assert!(matches!(gate.plan(&twice).await, Err(ControlError::InvalidValue { .. })));
+        let locks = ChannelLocks::default();
+        assert!(gate.execute_all(&twice, &locks, false).await.is_err());
+        assert_eq!(mock.writes("A:AMP"), 0);
+
+        // Two operations on one channel: the second waits for the first, then measures its step
+        // from the value the first wrote (50 → 58 → 66 would be refused by max 60).
+        let held = locks.lock(["A:AMP.VAL"]).await;
+        let first = vec![("A:AMP".to_owned(), ChannelValue::Double(58.0))];
+        let waiting = gate.execute_all(&first, &locks, false);
+        tokio::pin!(waiting);
+        assert!(futures::poll!(waiting.as_mut()).is_pending(), "the operation waits for the channel's lock");
+        drop(held);
+        waiting.await.expect("written after the lock is free");
+        let second = vec![("A:AMP".to_owned(), ChannelValue::Double(66.0))];
+        assert!(gate.execute_all(&second, &locks, false).await.is_err_and(|stopped| stopped.error.is_block()));
+        assert_eq!(mock.writes("A:AMP"), 1);
     }
 
     #[tokio::test]

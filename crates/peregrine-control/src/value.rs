@@ -4,6 +4,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::error::ControlError;
+
 /// A channel's value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "value", rename_all = "snake_case")]
@@ -37,6 +39,58 @@ impl ChannelValue {
             Self::Integer(value) => Some(*value as f64),
             Self::Enum { index, .. } => Some(f64::from(*index)),
             Self::String(_) | Self::DoubleArray(_) | Self::IntegerArray(_) => None,
+        }
+    }
+
+    /// Parses `text` as a value of the channel whose current value is `current` (the channel's
+    /// type decides: a number, a whole number, text, an enum state by label or index, or
+    /// comma-separated numbers for a waveform); `enum_strings` are the channel's state labels.
+    pub fn parse_as(text: &str, current: &ChannelValue, enum_strings: &[String], address: &str) -> Result<Self, ControlError> {
+        let invalid = |detail: String| ControlError::InvalidValue { address: address.to_owned(), value: text.to_owned(), detail };
+        let text = text.trim();
+        match current {
+            Self::Double(_) => text
+                .parse::<f64>()
+                .ok()
+                .filter(|value| value.is_finite())
+                .map(Self::Double)
+                .ok_or_else(|| invalid("the channel takes a number".into())),
+            Self::Integer(_) => text.parse::<i64>().map(Self::Integer).map_err(|_| invalid("the channel takes a whole number".into())),
+            Self::String(_) => Ok(Self::String(text.to_owned())),
+            Self::Enum { .. } => {
+                let by_label = enum_strings.iter().position(|label| label.eq_ignore_ascii_case(text));
+                let by_index = text.parse::<usize>().ok().filter(|index| *index < enum_strings.len().max(1));
+                let index =
+                    by_label.or(by_index).ok_or_else(|| invalid(format!("the channel's states are: {}", enum_strings.join(", "))))?;
+                let index = u16::try_from(index).map_err(|_| invalid("no such state".into()))?;
+                Ok(Self::Enum { index, label: enum_strings.get(usize::from(index)).cloned() })
+            }
+            Self::DoubleArray(_) => text
+                .split(',')
+                .map(|item| item.trim().parse::<f64>().ok().filter(|value| value.is_finite()))
+                .collect::<Option<Vec<_>>>()
+                .map(Self::DoubleArray)
+                .ok_or_else(|| invalid("the channel takes comma-separated numbers".into())),
+            Self::IntegerArray(_) => text
+                .split(',')
+                .map(|item| item.trim().parse::<i64>().ok())
+                .collect::<Option<Vec<_>>>()
+                .map(Self::IntegerArray)
+                .ok_or_else(|| invalid("the channel takes comma-separated whole numbers".into())),
+        }
+    }
+
+    /// Whether a readback of `self` shows `written` arrived: numbers within `tolerance` (an
+    /// enum by its index), anything else equal.
+    pub fn matches(&self, written: &ChannelValue, tolerance: f64) -> bool {
+        match (self.as_f64(), written.as_f64()) {
+            (Some(read), Some(wanted)) => (read - wanted).abs() <= tolerance.max(0.0),
+            _ => match (self, written) {
+                (Self::DoubleArray(read), Self::DoubleArray(wanted)) => {
+                    read.len() == wanted.len() && read.iter().zip(wanted).all(|(read, wanted)| (read - wanted).abs() <= tolerance.max(0.0))
+                }
+                _ => self == written,
+            },
         }
     }
 

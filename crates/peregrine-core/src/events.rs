@@ -40,6 +40,22 @@ pub enum Phase {
     Response,
 }
 
+/// Where a control-system write is ([`EventKind::ChannelWrite`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChannelWriteStage {
+    /// A gate stopped it (writes disabled, a limit, access); nothing was written.
+    Blocked,
+    /// It passed the gates before the approval and is shown for approval.
+    AwaitingApproval,
+    /// It was written and its verification held (or no verification was asked for).
+    Written,
+    /// The approval was delivered again and the channel already read the approved value.
+    AlreadyWritten,
+    /// It was sent but failed, could not be confirmed, or its verification did not hold.
+    Failed,
+}
+
 /// What happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -174,6 +190,21 @@ pub enum EventKind {
         approval_type: String,
         /// The decision.
         approved: bool,
+    },
+    /// A control-system write at one of its gates: stopped by a gate, shown for approval,
+    /// written, verified, or found already written when an approval was delivered again.
+    ChannelWrite {
+        /// Where the write is.
+        stage: ChannelWriteStage,
+        /// The channel.
+        channel_address: String,
+        /// The value to write (or written).
+        value: String,
+        /// The channel's value before the write, when it was read.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        previous: Option<String>,
+        /// What the gate or the verification found, in words.
+        detail: String,
     },
     /// A node failed.
     Error {

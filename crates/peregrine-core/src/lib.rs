@@ -23,7 +23,7 @@ pub use capability::{
 };
 pub use context::{Cardinality, ConstraintMode, ContextEntry, ContextError, ContextStore, ContextType, Requirement};
 pub use error::{ErrorClassification, ErrorSeverity, ExecutionLimits, RetryPolicy};
-pub use events::{AgentEvent, EventKind};
+pub use events::{AgentEvent, ChannelWriteStage, EventKind};
 pub use graph_state::{GraphState, Slot};
 pub use plan::{ExecutionPlan, InputRef, PlanValidationError, PlannedStep, validate_plan};
 pub use registry::{Registry, RegistryError};

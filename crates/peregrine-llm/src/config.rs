@@ -32,6 +32,12 @@ pub mod roles {
     pub const PYTHON_CODE_GENERATOR: &str = "python_code_generator";
     /// The state-manager ReAct agent (falls back to `orchestrator`).
     pub const STATE_MANAGER_REACT: &str = "state_manager_react";
+    /// The `channel_write` capability's reading of a task into write operations (falls back to
+    /// `orchestrator`).
+    pub const CHANNEL_WRITE: &str = "channel_write";
+    /// The `channel_read` capability's reading of the channels a task names (falls back to
+    /// `classifier`).
+    pub const CHANNEL_FINDER: &str = "channel_finder";
 }
 
 /// A secret string (API key): usable, never printed.
@@ -162,10 +168,12 @@ pub struct ResolvedModel<'a> {
 
 impl LlmConfig {
     /// The model for `role`: its own entry, else upstream's fallbacks (`reactive_orchestrator`
-    /// and `state_manager_react` use `orchestrator`), else `models.default` when configured.
+    /// `state_manager_react` and `channel_write` use `orchestrator`, `channel_finder` uses
+    /// `classifier`), else `models.default` when configured.
     pub fn model_for<'a>(&'a self, role: &'a str) -> Result<ResolvedModel<'a>, LlmError> {
         let fallback = match role {
-            roles::REACTIVE_ORCHESTRATOR | roles::STATE_MANAGER_REACT => Some(roles::ORCHESTRATOR),
+            roles::REACTIVE_ORCHESTRATOR | roles::STATE_MANAGER_REACT | roles::CHANNEL_WRITE => Some(roles::ORCHESTRATOR),
+            roles::CHANNEL_FINDER => Some(roles::CLASSIFIER),
             _ => None,
         };
         for key in [Some(role), fallback, Some("default")].into_iter().flatten() {

@@ -5,14 +5,18 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use peregrine_agent::{Agent, Services};
-use peregrine_capabilities::{MemoryCapability, MemoryStore, TimeRangeCapability, UserMemoryDataSource};
+use peregrine_capabilities::{
+    CHANNEL_READ_CAPABILITY, CHANNEL_WRITE_CAPABILITY, ChannelReadCapability, ChannelWriteCapability, MemoryCapability, MemoryStore,
+    TimeRangeCapability, UserMemoryDataSource,
+};
 use peregrine_checkpoint::{MemoryCheckpointer, PostgresCheckpointer, SqliteCheckpointer};
+use peregrine_control::{MockControlSystem, SharedControlSystem};
 use peregrine_core::Registry;
 use peregrine_graph::DynCheckpointer;
 use peregrine_llm::LlmClient;
 
 use crate::app::Application;
-use crate::config::{CheckpointerConfig, Config};
+use crate::config::{CheckpointerConfig, Config, ControlSystemKind};
 
 /// Opens the checkpoint store the configuration names (creating a SQLite file's directory).
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn DynCheckpointer>> {
@@ -94,6 +98,17 @@ pub fn agent_on(config: &Config, app: &dyn Application, store: Arc<dyn DynCheckp
     builder.build().context("the agent cannot be assembled")
 }
 
+/// The control-system connector `config` names.
+pub fn control_system(config: &Config) -> anyhow::Result<SharedControlSystem> {
+    match config.control_system.kind {
+        ControlSystemKind::Mock => Ok(Arc::new(MockControlSystem::new(config.control_system.mock.clone()))),
+        ControlSystemKind::Epics => anyhow::bail!(
+            "control_system.type is epics, and this build has no EPICS Channel Access connector yet; use type: mock to try the \
+             commands on the simulated machine"
+        ),
+    }
+}
+
 /// Registers the framework's built-in capabilities the application and `capabilities.exclude`
 /// allow; returns the data sources that come with them (user memory).
 fn register_builtins(
@@ -114,6 +129,19 @@ fn register_builtins(
     }
     if included.includes(peregrine_capabilities::TIME_RANGE_CAPABILITY) {
         registry.register(TimeRangeCapability::new(services.clone())).context("registering time_range_parsing")?;
+    }
+    let control = &config.control_system;
+    let read = included.includes(CHANNEL_READ_CAPABILITY);
+    let write = included.includes(CHANNEL_WRITE_CAPABILITY);
+    if control.configured && (read || write) {
+        let connector = control_system(config)?;
+        if read {
+            registry.register(ChannelReadCapability::new(services.clone(), Arc::clone(&connector))).context("registering channel_read")?;
+        }
+        if write {
+            let capability = ChannelWriteCapability::new(services.clone(), connector, control.writes.clone());
+            registry.register(capability).context("registering channel_write")?;
+        }
     }
     Ok(sources)
 }

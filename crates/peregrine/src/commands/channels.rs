@@ -5,15 +5,12 @@
 //! `--yes`), then it is written and verified; a stop at any gate is reported, never retried.
 
 use std::io::{BufRead as _, IsTerminal as _, Write as _};
-use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
-use peregrine_control::{
-    ChannelMetadata, ChannelValue, ControlError, DynControlSystem, MockControlSystem, Reading, WriteGate, WriteOutcome,
-};
+use peregrine_control::{ChannelValue, DynControlSystem, Reading, WriteGate, WriteOutcome};
 use serde_json::json;
 
-use crate::config::{Config, ControlSystemKind};
+use crate::config::Config;
 use crate::output::Output;
 use crate::turn::println_out;
 
@@ -61,20 +58,9 @@ pub enum ChannelsCommand {
     },
 }
 
-/// The connector `config` names.
-pub fn connector(config: &Config) -> anyhow::Result<Arc<dyn DynControlSystem>> {
-    match config.control_system.kind {
-        ControlSystemKind::Mock => Ok(Arc::new(MockControlSystem::new(config.control_system.mock.clone()))),
-        ControlSystemKind::Epics => bail!(
-            "control_system.type is epics, and this build has no EPICS Channel Access connector yet; use type: mock to try the \
-             commands on the simulated machine"
-        ),
-    }
-}
-
 /// Runs the subcommand.
 pub async fn run(command: &ChannelsCommand, config: &Config, _out: &Output) -> anyhow::Result<()> {
-    let connector = connector(config)?;
+    let connector = crate::runtime::control_system(config)?;
     let connector = connector.as_ref();
     match command {
         ChannelsCommand::Get { addresses, json } => get(connector, addresses, *json).await,
@@ -118,43 +104,6 @@ async fn get(connector: &dyn DynControlSystem, addresses: &[String], as_json: bo
 }
 
 /// The text of a value in the type of the channel's current value.
-fn parse_value(text: &str, current: &ChannelValue, metadata: &ChannelMetadata, address: &str) -> Result<ChannelValue, ControlError> {
-    let invalid = |detail: String| ControlError::InvalidValue { address: address.to_owned(), value: text.to_owned(), detail };
-    let text = text.trim();
-    match current {
-        ChannelValue::Double(_) => text
-            .parse::<f64>()
-            .ok()
-            .filter(|value| value.is_finite())
-            .map(ChannelValue::Double)
-            .ok_or_else(|| invalid("the channel takes a number".into())),
-        ChannelValue::Integer(_) => {
-            text.parse::<i64>().map(ChannelValue::Integer).map_err(|_| invalid("the channel takes a whole number".into()))
-        }
-        ChannelValue::String(_) => Ok(ChannelValue::String(text.to_owned())),
-        ChannelValue::Enum { .. } => {
-            let labels = &metadata.enum_strings;
-            let by_label = labels.iter().position(|label| label.eq_ignore_ascii_case(text));
-            let by_index = text.parse::<usize>().ok().filter(|index| *index < labels.len().max(1));
-            let index = by_label.or(by_index).ok_or_else(|| invalid(format!("the channel's states are: {}", labels.join(", "))))?;
-            let index = u16::try_from(index).map_err(|_| invalid("no such state".into()))?;
-            Ok(ChannelValue::Enum { index, label: labels.get(usize::from(index)).cloned() })
-        }
-        ChannelValue::DoubleArray(_) => text
-            .split(',')
-            .map(|item| item.trim().parse::<f64>().ok().filter(|value| value.is_finite()))
-            .collect::<Option<Vec<_>>>()
-            .map(ChannelValue::DoubleArray)
-            .ok_or_else(|| invalid("the channel takes comma-separated numbers".into())),
-        ChannelValue::IntegerArray(_) => text
-            .split(',')
-            .map(|item| item.trim().parse::<i64>().ok())
-            .collect::<Option<Vec<_>>>()
-            .map(ChannelValue::IntegerArray)
-            .ok_or_else(|| invalid("the channel takes comma-separated whole numbers".into())),
-    }
-}
-
 /// Asks at the terminal; anything but y/yes declines.
 fn confirmed(question: &str) -> anyhow::Result<bool> {
     eprint!("{question} [y/N] ");
@@ -165,16 +114,13 @@ fn confirmed(question: &str) -> anyhow::Result<bool> {
 }
 
 async fn put(connector: &dyn DynControlSystem, config: &Config, address: &str, text: &str, yes: bool, as_json: bool) -> anyhow::Result<()> {
-    let settings = &config.control_system.writes;
-    // The master switch comes first, before anything is read or parsed.
-    if !settings.writes_enabled {
-        return Err(ControlError::WritesDisabled { address: address.to_owned() }.into());
-    }
-    let gate = WriteGate::new(settings, connector);
+    let gate = WriteGate::new(&config.control_system.writes, connector);
+    // The master switch and the address's limits come first, before anything is read or parsed.
+    gate.precheck(address, None)?;
     // The value is read in the channel's type (the gates read the current value again).
     let current = connector.read_boxed(address).await?;
     let metadata = connector.metadata_boxed(address).await?;
-    let value = parse_value(text, &current.value, &metadata, address)?;
+    let value = ChannelValue::parse_as(text, &current.value, &metadata.enum_strings, address)?;
     let planned = gate.plan(&[(address.to_owned(), value)]).await?;
     let Some(write) = planned.first() else { bail!("nothing to write") };
     let units = current.units.as_deref().map(|units| format!(" {units}")).unwrap_or_default();

@@ -141,12 +141,14 @@ impl Build<'_> {
         // defaults' profile for it (see `Config::embedded_with`) unless it says otherwise.
         let embedded_model = raw.models.as_ref().is_none_or(BTreeMap::is_empty);
         let llm = self.llm(&raw)?;
-        let settings = self.settings(&raw, embedded_model)?;
+        let mut settings = self.settings(&raw, embedded_model)?;
         let checkpointer = self.checkpointer(raw.checkpointer, &settings.agent_data_dir)?;
         let capabilities = self.capabilities(raw.capabilities, embedded_model)?;
         let server = self.server(raw.server)?;
         let logging = self.logging(raw.logging.unwrap_or_default())?;
         let control_system = self.control_system(raw.control_system)?;
+        // The turn's own master switch starts as the configured one (the capability needs both).
+        settings.agent_control.control_system_writes_enabled = control_system.writes.writes_enabled;
         let development = raw.development.unwrap_or_default();
         let development = DevelopmentConfig {
             save_api_calls: development.api_calls.and_then(|calls| calls.save_all).unwrap_or(false),
@@ -322,6 +324,7 @@ impl Build<'_> {
         let write_gateway = gateway("write_access", gateways.write_access)?;
         let seconds = |given: Option<Seconds>| std::time::Duration::from_secs_f64(given.map_or(5.0, |seconds| seconds.0));
         Ok(ControlSystemConfig {
+            configured: true,
             kind,
             writes: WriteSettings { writes_enabled, limits, verification: level, tolerance_percent },
             verification_timeout: seconds(verification.timeout),

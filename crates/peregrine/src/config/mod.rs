@@ -122,6 +122,9 @@ impl Default for EpicsConfig {
 /// `control_system`: the connector and the write gates.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ControlSystemConfig {
+    /// Whether `config.yml` has a `control_system` section: only then are the capabilities
+    /// `channel_read` and `channel_write` added to the agent.
+    pub configured: bool,
     /// The connector.
     pub kind: ControlSystemKind,
     /// The write gates: the master switch (off unless `writes_enabled: true`), the limits

@@ -1,0 +1,331 @@
+//! Whole control-system turns through the real agent (gateway, router, every framework node,
+//! SQLite checkpoints) against the scripted OpenAI-compatible LLM server and the mock machine,
+//! which counts every write that reaches it: a read turn quoting the machine's value; an
+//! approved write shown with old/new value and limits, written once and verified; every gate's
+//! stop (writes disabled, above max, step too large, read-only, unlisted) refused with a clear
+//! report, 0 writes reaching the machine and no retry or re-plan around it; a rejected write;
+//! and a turn cut off after its approval was recorded — before the write, and after the write
+//! reached the machine but before it was checkpointed — continued to exactly one write.
+
+#![allow(clippy::expect_used, clippy::unwrap_used, reason = "tests")]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use peregrine_agent::{Agent, AgentSettings, ClassifierMode, Services, Session, TurnOptions, TurnResult, TurnStatus};
+use peregrine_capabilities::{ChannelReadCapability, ChannelWriteCapability};
+use peregrine_checkpoint::SqliteCheckpointer;
+use peregrine_control::{
+    ChannelMetadata, ChannelValue, ControlError, ControlSystem, LimitsCheck, LimitsDatabase, MockControlSystem, MockSettings, Monitor,
+    Reading, Verification, VerificationLevel, WriteSettings,
+};
+use peregrine_core::events::EventKind;
+use peregrine_core::{AgentEvent, ChannelWriteStage, Registry};
+use peregrine_graph::RunEvent;
+use peregrine_llm::{LlmClient, LlmConfig, ModelConfig, ProviderConfig, Secret};
+use peregrine_testkit::llm_server::{RecordedRequest, Reply, Script, ScriptedLlmServer};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const LIMITS: &str = r#"{
+    "_comment": "the test machine's limits",
+    "SR:RF:AMP": {"min_value": 0, "max_value": 60, "max_step": 10, "verification": {"level": "readback", "tolerance_absolute": 0.01}},
+    "SR:HCM:01:CURRENT": {"min_value": 0, "max_value": 1000, "max_step": 10},
+    "SR:DCCT:CURRENT": {"writable": false}
+}"#;
+
+/// The machine, with a switch that cuts the turn off right after a write reached it.
+struct Machine {
+    mock: MockControlSystem,
+    cut_before_write: AtomicBool,
+    cut_after_write: AtomicBool,
+    cancel: CancellationToken,
+}
+
+impl ControlSystem for Machine {
+    fn name(&self) -> &str {
+        "test-machine"
+    }
+    async fn read(&self, address: &str) -> Result<Reading, ControlError> {
+        self.mock.read(address).await
+    }
+    async fn write(
+        &self,
+        address: &str,
+        value: &ChannelValue,
+        level: VerificationLevel,
+        tolerance: f64,
+    ) -> Result<Verification, ControlError> {
+        if self.cut_before_write.swap(false, Ordering::SeqCst) {
+            // The approval is recorded; the process "dies" before the write is sent.
+            self.cancel.cancel();
+            std::future::pending::<()>().await;
+        }
+        let verification = self.mock.write(address, value, level, tolerance).await?;
+        if self.cut_after_write.swap(false, Ordering::SeqCst) {
+            // The write reached the machine; the process "dies" before anything is recorded.
+            self.cancel.cancel();
+            std::future::pending::<()>().await;
+        }
+        Ok(verification)
+    }
+    async fn metadata(&self, address: &str) -> Result<ChannelMetadata, ControlError> {
+        self.mock.metadata(address).await
+    }
+    async fn monitor(&self, address: &str) -> Result<Monitor, ControlError> {
+        self.mock.monitor(address).await
+    }
+}
+
+struct Harness {
+    server: ScriptedLlmServer,
+    agent: Agent,
+    machine: Arc<Machine>,
+    _dir: tempfile::TempDir,
+}
+
+fn llm_config(base_url: &str) -> LlmConfig {
+    let mut config = LlmConfig::default();
+    config.providers.insert(
+        "scripted".into(),
+        ProviderConfig {
+            api_key: Some(Secret::new("sk-test")),
+            base_url: Some(base_url.to_owned()),
+            timeout_seconds: Some(10.0),
+            max_retries: Some(0),
+            protocol: Some("openai".into()),
+            ..ProviderConfig::default()
+        },
+    );
+    config.models.insert(
+        "default".into(),
+        ModelConfig { provider: "scripted".into(), model_id: "scripted-model".into(), max_tokens: None, temperature: None },
+    );
+    config
+}
+
+fn gates(writes_enabled: bool) -> WriteSettings {
+    WriteSettings {
+        writes_enabled,
+        limits: LimitsCheck::On { database: LimitsDatabase::parse(LIMITS), allow_unlisted: false },
+        ..WriteSettings::default()
+    }
+}
+
+async fn harness(script: Script, writes: WriteSettings) -> Harness {
+    let server = ScriptedLlmServer::start(script).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let llm = LlmClient::from_config(llm_config(&server.base_url())).expect("client");
+    let mut settings =
+        AgentSettings { classifier_mode: ClassifierMode::Batched, ..AgentSettings::with_data_dir(dir.path().join("agent_data")) };
+    settings.agent_control.control_system_writes_enabled = writes.writes_enabled;
+    let services = Services::new(Arc::new(llm), settings);
+    let machine = Arc::new(Machine {
+        mock: MockControlSystem::new(MockSettings::default()),
+        cut_before_write: AtomicBool::new(false),
+        cut_after_write: AtomicBool::new(false),
+        cancel: CancellationToken::new(),
+    });
+    let mut registry = Registry::new();
+    registry.register(ChannelReadCapability::new(services.clone(), machine.clone())).expect("channel_read");
+    registry.register(ChannelWriteCapability::new(services.clone(), machine.clone(), writes)).expect("channel_write");
+    let checkpointer = SqliteCheckpointer::open(dir.path().join("agent.db")).await.expect("sqlite");
+    let agent = Agent::builder(registry, services).checkpointer(Arc::new(checkpointer)).build().expect("agent");
+    Harness { server, agent, machine, _dir: dir }
+}
+
+impl Harness {
+    async fn send(&self, thread: &str, text: &str) -> TurnResult {
+        self.agent.send(thread, text, &Session::new("ada", "cli"), TurnOptions::default()).await.expect("the message is handled")
+    }
+
+    /// Sends `text` and returns the `channel_write` events of the turn.
+    async fn send_watching(&self, thread: &str, text: &str, cancel: CancellationToken) -> (TurnResult, Vec<(ChannelWriteStage, String)>) {
+        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+        let options = TurnOptions { events: Some(sender), cancel };
+        let result = self.agent.send(thread, text, &Session::new("ada", "cli"), options).await.expect("the message is handled");
+        let mut events = Vec::new();
+        while let Ok(event) = receiver.try_recv() {
+            if let RunEvent::Custom(AgentEvent { kind: EventKind::ChannelWrite { stage, channel_address, .. }, .. }) = event {
+                events.push((stage, channel_address));
+            }
+        }
+        (result, events)
+    }
+
+    fn calls(&self, schema: &str) -> Vec<RecordedRequest> {
+        self.server.chat_requests().into_iter().filter(|request| request.schema_name.as_deref() == Some(schema)).collect()
+    }
+
+    fn plain_calls(&self) -> Vec<RecordedRequest> {
+        self.server.chat_requests().into_iter().filter(|request| request.schema_name.is_none()).collect()
+    }
+
+    fn writes(&self, address: &str) -> u32 {
+        self.machine.mock.writes(address)
+    }
+
+    async fn value(&self, address: &str) -> ChannelValue {
+        self.machine.mock.read(address).await.expect("reads").value
+    }
+}
+
+fn extracted(task: &str) -> Reply {
+    Reply::json(json!({"task": task, "depends_on_chat_history": false, "depends_on_user_memory": false}))
+}
+
+fn selection(names: &[&str]) -> Reply {
+    Reply::json(json!({"reasoning": "scripted", "selected": names}))
+}
+
+fn plan(capability: &str, key: &str, objective: &str, output: &str) -> Reply {
+    Reply::json(json!({"steps": [
+        {"context_key": key, "capability": capability, "task_objective": objective, "success_criteria": "done",
+         "expected_output": output, "inputs": []},
+        {"context_key": "answer", "capability": "respond", "task_objective": "Tell the user", "success_criteria": "answered",
+         "expected_output": "user_response", "inputs": [{output: key}]}
+    ]}))
+}
+
+fn read_script() -> Script {
+    Script::new()
+        .on_schema("ExtractedTask", extracted("Read the beam current SR:DCCT:CURRENT"))
+        .on_schema("CapabilitySelection", selection(&["channel_read"]))
+        .on_schema("ExecutionPlan", plan("channel_read", "beam_current", "Read SR:DCCT:CURRENT", "CHANNEL_VALUES"))
+        .on_schema("ChannelAddressExtraction", Reply::json(json!({"channels": ["SR:DCCT:CURRENT"]})))
+        .on_plain(Reply::text("The beam current is 500 mA."))
+}
+
+fn write_script(address: &str, value: Value) -> Script {
+    let objective = format!("Set {address} to {value}");
+    Script::new()
+        .on_schema("ExtractedTask", extracted(&objective))
+        .on_schema("CapabilitySelection", selection(&["channel_write"]))
+        .on_schema("ExecutionPlan", plan("channel_write", "set_value", &objective, "CHANNEL_WRITE_RESULTS"))
+        .on_schema(
+            "WriteOperationsOutput",
+            Reply::json(json!({"write_operations": [{"channel_address": address, "value": value, "notes": "asked"}]})),
+        )
+        .on_plain(Reply::text("Done."))
+}
+
+#[tokio::test]
+async fn what_is_the_beam_current_reads_the_machine_and_the_answer_quotes_it() {
+    let h = harness(read_script(), gates(false)).await;
+    let done = h.send("t", "What is the beam current?").await;
+    assert_eq!(done.status, TurnStatus::Completed, "{:?}", done.response);
+    let respond_prompt = h.plain_calls().last().map(RecordedRequest::prompt_text).expect("respond was called");
+    assert!(
+        respond_prompt.contains("SR:DCCT:CURRENT") && respond_prompt.contains("500") && respond_prompt.contains("mA"),
+        "{respond_prompt}"
+    );
+    assert_eq!(h.writes("SR:DCCT:CURRENT"), 0);
+}
+
+#[tokio::test]
+async fn set_the_rf_amplitude_shows_old_new_and_limits_then_writes_once_and_verifies() {
+    let h = harness(write_script("SR:RF:AMP", json!(55)), gates(true)).await;
+    let (asked, events) = h.send_watching("t", "Set the RF amplitude to 55", CancellationToken::new()).await;
+    assert_eq!(asked.status, TurnStatus::Interrupted, "{:?}", asked.response);
+    let prompt = asked.response.expect("the approval prompt");
+    for shown in ["SR:RF:AMP", "| 50 %", "**55** %", "min 0, max 60, step ≤ 10", "readback ± 0.01"] {
+        assert!(prompt.contains(shown), "the approval shows {shown:?}: {prompt}");
+    }
+    assert_eq!(events, vec![(ChannelWriteStage::AwaitingApproval, "SR:RF:AMP".to_owned())]);
+    assert_eq!(h.writes("SR:RF:AMP"), 0, "nothing is written before the approval");
+
+    let (done, events) = h.send_watching("t", "yes", CancellationToken::new()).await;
+    assert_eq!(done.status, TurnStatus::Completed, "{:?}", done.response);
+    assert_eq!(h.writes("SR:RF:AMP"), 1, "written exactly once");
+    assert_eq!(h.value("SR:RF:AMP").await, ChannelValue::Double(55.0));
+    assert_eq!(events, vec![(ChannelWriteStage::Written, "SR:RF:AMP".to_owned())]);
+    assert_eq!(h.calls("WriteOperationsOutput").len(), 1, "the approved operation is written without asking the model again");
+    let respond_prompt = h.plain_calls().last().map(RecordedRequest::prompt_text).expect("respond");
+    assert!(
+        respond_prompt.contains("\"verification_level\": \"readback\"") && respond_prompt.contains("\"verified\": true"),
+        "{respond_prompt}"
+    );
+}
+
+#[tokio::test]
+async fn a_rejected_write_writes_nothing() {
+    let h = harness(write_script("SR:RF:AMP", json!(55)), gates(true)).await;
+    assert_eq!(h.send("t", "Set the RF amplitude to 55").await.status, TurnStatus::Interrupted);
+    let done = h.send("t", "no, leave it as it is").await;
+    assert_eq!(done.status, TurnStatus::Completed, "{:?}", done.response);
+    assert_eq!(h.writes("SR:RF:AMP"), 0);
+    assert!(h.plain_calls().last().map(RecordedRequest::prompt_text).unwrap_or_default().contains("cancelled by the user"));
+}
+
+/// Each gate's stop: the turn ends with the error report naming why, nothing reaches the machine,
+/// and nothing is retried or planned again around it.
+#[tokio::test]
+async fn every_gate_stops_its_write_with_a_report_and_no_retry() {
+    let cases: [(&str, Value, bool, &str); 6] = [
+        ("SR:RF:AMP", json!(55), false, "writes to the control system are disabled"),
+        ("SR:RF:AMP", json!(70), true, "above the channel's maximum of 60"),
+        ("SR:HCM:01:CURRENT", json!(600), true, "largest step"),
+        ("SR:DCCT:CURRENT", json!(400), true, "read-only"),
+        ("SR:OTHER:VOLT", json!(5), true, "not in the limits database"),
+        ("SR:RF:AMP.DRVH", json!(100), true, "the field itself is not listed"),
+    ];
+    for (address, value, writes_enabled, why) in cases {
+        let h = harness(write_script(address, value.clone()), gates(writes_enabled)).await;
+        let (result, events) = h.send_watching("t", &format!("Set {address} to {value}"), CancellationToken::new()).await;
+        assert_eq!(result.status, TurnStatus::Failed, "{address}={value}: {:?}", result.response);
+        let report = result.response.expect("the error report");
+        assert!(report.to_lowercase().contains(why), "{address}={value}: the report says {why:?}: {report}");
+        assert!(report.contains("Nothing was written"), "{report}");
+        assert_eq!(h.writes(address) + h.writes("SR:RF:AMP"), 0, "{address}={value}: no write reached the machine");
+        assert!(events.iter().all(|(stage, _)| *stage == ChannelWriteStage::Blocked) && !events.is_empty(), "{events:?}");
+        assert_eq!(h.calls("ExecutionPlan").len(), 1, "{address}={value}: not planned again");
+        let asked = h.calls("WriteOperationsOutput").len();
+        assert_eq!(asked, usize::from(writes_enabled), "{address}={value}: the model is asked once at most (never with writes off)");
+        assert_eq!(h.agent.thread("t").await.expect("read").expect("exists").status, peregrine_agent::ThreadStatus::Failed);
+    }
+}
+
+#[tokio::test]
+async fn a_turn_cut_off_after_the_approval_is_recorded_writes_once_when_continued() {
+    let h = harness(write_script("SR:RF:AMP", json!(55)), gates(true)).await;
+    assert_eq!(h.send("t", "Set the RF amplitude to 55").await.status, TurnStatus::Interrupted);
+    // Cut off after the answer is recorded and the gates passed again, before the write is sent.
+    h.machine.cut_before_write.store(true, Ordering::SeqCst);
+    let (cut, _) = h.send_watching("t", "yes", h.machine.cancel.clone()).await;
+    assert_eq!(cut.status, TurnStatus::Cancelled, "{:?}", cut.response);
+    assert_eq!(h.writes("SR:RF:AMP"), 0);
+    let done = h.agent.continue_turn("t", TurnOptions::default()).await.expect("continues");
+    assert_eq!(done.status, TurnStatus::Completed, "{:?}", done.response);
+    assert_eq!(h.writes("SR:RF:AMP"), 1, "the redelivered approval writes once");
+    assert_eq!(h.value("SR:RF:AMP").await, ChannelValue::Double(55.0));
+}
+
+#[tokio::test]
+async fn a_turn_cut_off_after_the_write_reached_the_machine_is_not_written_twice() {
+    let h = harness(write_script("SR:RF:AMP", json!(55)), gates(true)).await;
+    assert_eq!(h.send("t", "Set the RF amplitude to 55").await.status, TurnStatus::Interrupted);
+    h.machine.cut_after_write.store(true, Ordering::SeqCst);
+    let (cut, _) = h.send_watching("t", "yes", h.machine.cancel.clone()).await;
+    assert_eq!(cut.status, TurnStatus::Cancelled, "{:?}", cut.response);
+    assert_eq!(h.writes("SR:RF:AMP"), 1, "the write reached the machine before the cut");
+
+    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+    let done = h.agent.continue_turn("t", TurnOptions { events: Some(sender), cancel: CancellationToken::new() }).await.expect("continues");
+    assert_eq!(done.status, TurnStatus::Completed, "{:?}", done.response);
+    assert_eq!(h.writes("SR:RF:AMP"), 1, "the redelivered approval found the value written and did not write again");
+    let mut stages = Vec::new();
+    while let Ok(event) = receiver.try_recv() {
+        if let RunEvent::Custom(AgentEvent { kind: EventKind::ChannelWrite { stage, .. }, .. }) = event {
+            stages.push(stage);
+        }
+    }
+    assert_eq!(stages, vec![ChannelWriteStage::AlreadyWritten]);
+}
+
+#[tokio::test]
+async fn a_value_the_channel_cannot_take_is_refused_before_any_write() {
+    let h = harness(write_script("SR:RF:AMP", json!("high")), gates(true)).await;
+    let result = h.send("t", "Set the RF amplitude to high").await;
+    assert_ne!(result.status, TurnStatus::Completed);
+    assert_eq!(h.writes("SR:RF:AMP"), 0);
+}
