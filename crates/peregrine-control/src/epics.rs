@@ -337,3 +337,51 @@ impl ControlSystem for EpicsControlSystem {
 
 /// A shared handle, for callers that keep the connector in an `Arc`.
 pub type SharedEpics = Arc<EpicsControlSystem>;
+
+/// The Channel Access connector started on first use: an agent is assembled without waiting
+/// for the network, and a client that cannot start fails the first read or write with the
+/// reason (and is tried again on the next).
+#[derive(Debug)]
+pub struct LazyEpicsControlSystem {
+    settings: EpicsSettings,
+    client: tokio::sync::OnceCell<EpicsControlSystem>,
+}
+
+impl LazyEpicsControlSystem {
+    /// The connector of `settings`, not started yet.
+    pub fn new(settings: EpicsSettings) -> Self {
+        Self { settings, client: tokio::sync::OnceCell::new() }
+    }
+
+    async fn client(&self) -> Result<&EpicsControlSystem, ControlError> {
+        self.client.get_or_try_init(|| EpicsControlSystem::connect(self.settings.clone())).await
+    }
+}
+
+impl ControlSystem for LazyEpicsControlSystem {
+    fn name(&self) -> &str {
+        "epics"
+    }
+
+    async fn read(&self, address: &str) -> Result<Reading, ControlError> {
+        self.client().await?.read(address).await
+    }
+
+    async fn write(
+        &self,
+        address: &str,
+        value: &ChannelValue,
+        level: VerificationLevel,
+        tolerance: f64,
+    ) -> Result<Verification, ControlError> {
+        self.client().await?.write(address, value, level, tolerance).await
+    }
+
+    async fn metadata(&self, address: &str) -> Result<ChannelMetadata, ControlError> {
+        self.client().await?.metadata(address).await
+    }
+
+    async fn monitor(&self, address: &str) -> Result<Monitor, ControlError> {
+        self.client().await?.monitor(address).await
+    }
+}
