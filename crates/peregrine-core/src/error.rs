@@ -51,15 +51,16 @@ pub struct ErrorClassification {
     /// A sentence for the user (and the re-planning prompt).
     pub user_message: Option<String>,
     /// Conventional keys: `technical_details`, `replanning_reason`, `safety_abort_reason`,
-    /// `suggestions`. Kept sorted so prompts and reports are deterministic.
-    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
-    pub metadata: serde_json::Map<String, Value>,
+    /// `suggestions`. Kept sorted so prompts and reports are deterministic (a `BTreeMap`, not
+    /// `serde_json::Map`, whose order a dependency can change by turning on `preserve_order`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, Value>,
 }
 
 impl ErrorClassification {
     /// A classification with a user message and no metadata.
     pub fn new(severity: ErrorSeverity, user_message: impl Into<String>) -> Self {
-        Self { severity, user_message: Some(user_message.into()), metadata: serde_json::Map::new() }
+        Self { severity, user_message: Some(user_message.into()), metadata: std::collections::BTreeMap::new() }
     }
 
     /// Shorthand for [`ErrorSeverity::Retriable`].

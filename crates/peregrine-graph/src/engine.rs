@@ -180,10 +180,25 @@ pub struct StateSnapshot<S> {
     pub next: Option<String>,
 }
 
-/// SHA-256 (hex) of the canonical JSON of an interrupt payload (object keys sorted).
+/// SHA-256 (hex) of the canonical JSON of an interrupt payload (object keys sorted). The keys
+/// are sorted here, not by `serde_json::Map`: a dependency that turns on serde_json's
+/// `preserve_order` (Cargo unifies features across a build) must not change a digest.
 pub fn payload_digest(payload: &Value) -> String {
-    let bytes = serde_json::to_vec(payload).unwrap_or_default();
+    let bytes = serde_json::to_vec(&sorted_keys(payload)).unwrap_or_default();
     Sha256::digest(&bytes).iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// `value` with every object's keys in sorted order.
+fn sorted_keys(value: &Value) -> Value {
+    match value {
+        Value::Object(fields) => {
+            let mut entries: Vec<(&String, &Value)> = fields.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            Value::Object(entries.into_iter().map(|(key, value)| (key.clone(), sorted_keys(value))).collect())
+        }
+        Value::Array(items) => Value::Array(items.iter().map(sorted_keys).collect()),
+        other => other.clone(),
+    }
 }
 
 /// A graph that cannot be built.

@@ -329,3 +329,202 @@ async fn a_value_the_channel_cannot_take_is_refused_before_any_write() {
     assert_ne!(result.status, TurnStatus::Completed);
     assert_eq!(h.writes("SR:RF:AMP"), 0);
 }
+
+/// The real IOC of `scripts/epics-ioc.sh`, when the test command started it.
+fn ioc() -> Option<String> {
+    let server = std::env::var("PEREGRINE_TEST_CA_SERVER").ok();
+    if server.is_none() {
+        eprintln!("PEREGRINE_TEST_CA_SERVER is not set: no IOC to test against (scripts/test.sh starts one)");
+    }
+    server
+}
+
+async fn ioc_agent(server: &str, script: Script, writes_enabled: bool) -> (ScriptedLlmServer, Agent, tempfile::TempDir) {
+    use peregrine_control::epics::{EpicsSettings, LazyEpicsControlSystem};
+    let llm_server = ScriptedLlmServer::start(script).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let llm = LlmClient::from_config(llm_config(&llm_server.base_url())).expect("client");
+    let mut settings =
+        AgentSettings { classifier_mode: ClassifierMode::Batched, ..AgentSettings::with_data_dir(dir.path().join("agent_data")) };
+    settings.agent_control.control_system_writes_enabled = writes_enabled;
+    let services = Services::new(Arc::new(llm), settings);
+    let epics = Arc::new(LazyEpicsControlSystem::new(EpicsSettings {
+        timeout: std::time::Duration::from_secs(2),
+        addresses: vec![server.to_owned()],
+        server_port: 5064,
+    }));
+    let limits = r#"{
+        "TURN:RF:AMP:SP": {"min_value": 0, "max_value": 60, "max_step": 10, "verification": {"level": "readback", "tolerance_absolute": 0.01}},
+        "TEST:BEAM:CURRENT": {"writable": false}
+    }"#;
+    let writes = WriteSettings {
+        writes_enabled,
+        limits: LimitsCheck::On { database: LimitsDatabase::parse(limits), allow_unlisted: false },
+        ..WriteSettings::default()
+    };
+    let mut registry = Registry::new();
+    registry.register(ChannelReadCapability::new(services.clone(), epics.clone())).expect("channel_read");
+    registry.register(ChannelWriteCapability::new(services.clone(), epics, writes)).expect("channel_write");
+    let checkpointer = SqliteCheckpointer::open(dir.path().join("agent.db")).await.expect("sqlite");
+    let agent = Agent::builder(registry, services).checkpointer(Arc::new(checkpointer)).build().expect("agent");
+    (llm_server, agent, dir)
+}
+
+/// A second client to the IOC, for what the test checks on the IOC's side.
+async fn ioc_client(server: &str) -> peregrine_control::epics::EpicsControlSystem {
+    let settings = peregrine_control::epics::EpicsSettings {
+        timeout: std::time::Duration::from_secs(2),
+        addresses: vec![server.to_owned()],
+        server_port: 5064,
+    };
+    peregrine_control::epics::EpicsControlSystem::connect(settings).await.expect("CA client")
+}
+
+async fn puts(ioc: &peregrine_control::epics::EpicsControlSystem) -> f64 {
+    ioc.read("TURN:RF:AMP:SP:PUTS").await.expect("the put counter").value.as_f64().expect("a number")
+}
+
+#[tokio::test]
+async fn the_beam_current_comes_from_the_real_ioc() {
+    let Some(server) = ioc() else { return };
+    let script = Script::new()
+        .on_schema("ExtractedTask", extracted("Read the beam current TEST:BEAM:CURRENT"))
+        .on_schema("CapabilitySelection", selection(&["channel_read"]))
+        .on_schema("ExecutionPlan", plan("channel_read", "beam_current", "Read TEST:BEAM:CURRENT", "CHANNEL_VALUES"))
+        .on_schema("ChannelAddressExtraction", Reply::json(json!({"channels": ["TEST:BEAM:CURRENT"]})))
+        .on_plain(Reply::text("The beam current is about 500 mA."));
+    let (llm, agent, _dir) = ioc_agent(&server, script, false).await;
+    let done = agent.send("t", "What is the beam current?", &Session::new("ada", "cli"), TurnOptions::default()).await.expect("handled");
+    assert_eq!(done.status, TurnStatus::Completed, "{:?}", done.response);
+    let thread = agent.thread("t").await.expect("read").expect("exists");
+    let values: peregrine_capabilities::ChannelValues =
+        thread.state().capability_context_data.get("beam_current").expect("decodes").expect("stored under the step key");
+    let reading = &values.channel_values["TEST:BEAM:CURRENT"];
+    let number = reading.typed_value.as_f64().expect("a number");
+    assert!((490.0..=510.0).contains(&number) && reading.units.as_deref() == Some("mA"), "{reading:?}");
+    let respond_prompt = llm.chat_requests().into_iter().rfind(|request| request.schema_name.is_none()).expect("respond");
+    assert!(respond_prompt.prompt_text().contains(&reading.value), "the answer is built on the IOC's value");
+}
+
+/// The acceptance case on the real IOC: an approved write reaches it exactly once and reads
+/// back; above max, a step too large, a read-only channel and writes disabled reach it never
+/// (counted by the IOC's own put counter).
+#[tokio::test]
+async fn writes_reach_the_real_ioc_once_when_approved_and_never_when_a_gate_stops_them() {
+    let Some(server) = ioc() else { return };
+    let ca = ioc_client(&server).await;
+    let current = ca.read("TURN:RF:AMP:SP").await.expect("read").value.as_f64().expect("a number");
+    let target = if current <= 50.0 { current + 5.0 } else { current - 5.0 };
+    let before = puts(&ca).await;
+
+    let (_llm, agent, _dir) = ioc_agent(&server, write_script("TURN:RF:AMP:SP", json!(target)), true).await;
+    let session = Session::new("ada", "cli");
+    let asked = agent.send("t", "Set the RF amplitude", &session, TurnOptions::default()).await.expect("handled");
+    assert_eq!(asked.status, TurnStatus::Interrupted, "{:?}", asked.response);
+    let prompt = asked.response.expect("prompt");
+    assert!(prompt.contains("TURN:RF:AMP:SP") && prompt.contains("MV") && prompt.contains("max 60"), "{prompt}");
+    assert_eq!(puts(&ca).await, before, "nothing reaches the IOC before the approval");
+    let done = agent.send("t", "yes", &session, TurnOptions::default()).await.expect("handled");
+    assert_eq!(done.status, TurnStatus::Completed, "{:?}", done.response);
+    assert_eq!(puts(&ca).await, before + 1.0, "written exactly once");
+    let now = ca.read("TURN:RF:AMP:SP").await.expect("read").value.as_f64().expect("a number");
+    assert!((now - target).abs() < 1e-9, "the IOC holds {now}, not {target}");
+
+    let stopped = [
+        ("TURN:RF:AMP:SP", json!(70), true, "maximum of 60"),
+        ("TURN:RF:AMP:SP", json!(now - 20.0), true, "largest step"),
+        ("TEST:BEAM:CURRENT", json!(400), true, "read-only"),
+        ("TURN:RF:AMP:SP", json!(now + 1.0), false, "disabled"),
+    ];
+    for (address, value, writes_enabled, why) in stopped {
+        let (llm, agent, _dir) = ioc_agent(&server, write_script(address, value.clone()), writes_enabled).await;
+        let result = agent.send("t", "Set it", &session, TurnOptions::default()).await.expect("handled");
+        assert_eq!(result.status, TurnStatus::Failed, "{address}={value}: {:?}", result.response);
+        let report = result.response.expect("report");
+        assert!(report.contains(why) && report.contains("Nothing was written"), "{address}={value}: {report}");
+        assert_eq!(llm.chat_requests().iter().filter(|request| request.schema_name.as_deref() == Some("ExecutionPlan")).count(), 1);
+    }
+    assert_eq!(puts(&ca).await, before + 1.0, "no stopped write reached the IOC");
+}
+
+/// An IOC of this test's own (so killing it disturbs no other test), on its own CA port.
+struct PrivateIoc {
+    child: std::process::Child,
+    server: String,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivateIoc {
+    fn start(port: u16) -> Option<Self> {
+        let bin = std::env::var("EPICS_BIN").ok()?;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("private.db");
+        std::fs::write(
+            &db,
+            "record(ai, \"PRIV:BEAM:CURRENT\") {\n  field(PINI, \"YES\")\n  field(VAL, \"321\")\n  field(EGU, \"mA\")\n}\n",
+        )
+        .expect("db");
+        let child = std::process::Command::new(std::path::Path::new(&bin).join("softIoc"))
+            .args(["-S", "-d"])
+            .arg(&db)
+            .env("EPICS_CAS_INTF_ADDR_LIST", "127.0.0.1")
+            .env("EPICS_CAS_SERVER_PORT", port.to_string())
+            .env("EPICS_CAS_AUTO_BEACON_ADDR_LIST", "NO")
+            .env("EPICS_CAS_BEACON_ADDR_LIST", "127.0.0.1")
+            .env("EPICS_CAS_BEACON_PORT", (port + 1).to_string())
+            .env("EPICS_CA_AUTO_ADDR_LIST", "NO")
+            .env("EPICS_CA_ADDR_LIST", "127.0.0.1")
+            .env("EPICS_CA_REPEATER_PORT", (port + 1).to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("softIoc starts");
+        Some(Self { child, server: format!("127.0.0.1:{port}"), _dir: dir })
+    }
+}
+
+impl Drop for PrivateIoc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn an_ioc_lost_mid_conversation_is_retried_then_reported_clearly() {
+    if ioc().is_none() {
+        return;
+    }
+    let Some(mut private) = PrivateIoc::start(15264) else {
+        eprintln!("EPICS_BIN is not set: no softIoc to start");
+        return;
+    };
+    // Ready when a client reads it: each try waits at most the connector's timeout.
+    let ca = ioc_client(&private.server).await;
+    let mut tries = 0;
+    while ca.read("PRIV:BEAM:CURRENT").await.is_err() {
+        tries += 1;
+        assert!(tries < 15, "the private IOC did not start");
+    }
+    let script = Script::new()
+        .on_schema("ExtractedTask", extracted("Read PRIV:BEAM:CURRENT"))
+        .on_schema("CapabilitySelection", selection(&["channel_read"]))
+        .on_schema("ExecutionPlan", plan("channel_read", "beam_current", "Read PRIV:BEAM:CURRENT", "CHANNEL_VALUES"))
+        .on_schema("ChannelAddressExtraction", Reply::json(json!({"channels": ["PRIV:BEAM:CURRENT"]})))
+        .on_plain(Reply::text("321 mA."));
+    let (llm, agent, _dir) = ioc_agent(&private.server, script, false).await;
+    let session = Session::new("ada", "cli");
+    let first = agent.send("t", "What is the beam current?", &session, TurnOptions::default()).await.expect("handled");
+    assert_eq!(first.status, TurnStatus::Completed, "{:?}", first.response);
+
+    private.child.kill().expect("kill the IOC");
+    private.child.wait().expect("reaped");
+    let reads_before = llm.chat_requests().len();
+    let lost = agent.send("t", "And now?", &session, TurnOptions::default()).await.expect("handled");
+    assert_eq!(lost.status, TurnStatus::Failed, "{:?}", lost.response);
+    let report = lost.response.expect("the error report");
+    assert!(report.contains("PRIV:BEAM:CURRENT") && report.contains("disconnected"), "{report}");
+    assert!(report.contains("RETRIABLE") || report.contains("retried"), "the report says it was retried: {report}");
+    assert!(llm.chat_requests().len() > reads_before, "the second turn ran");
+}

@@ -10,6 +10,7 @@ use peregrine_capabilities::{
     TimeRangeCapability, UserMemoryDataSource,
 };
 use peregrine_checkpoint::{MemoryCheckpointer, PostgresCheckpointer, SqliteCheckpointer};
+use peregrine_control::epics::{EpicsSettings, LazyEpicsControlSystem};
 use peregrine_control::{MockControlSystem, SharedControlSystem};
 use peregrine_core::Registry;
 use peregrine_graph::DynCheckpointer;
@@ -102,11 +103,23 @@ pub fn agent_on(config: &Config, app: &dyn Application, store: Arc<dyn DynCheckp
 pub fn control_system(config: &Config) -> anyhow::Result<SharedControlSystem> {
     match config.control_system.kind {
         ControlSystemKind::Mock => Ok(Arc::new(MockControlSystem::new(config.control_system.mock.clone()))),
-        ControlSystemKind::Epics => anyhow::bail!(
-            "control_system.type is epics, and this build has no EPICS Channel Access connector yet; use type: mock to try the \
-             commands on the simulated machine"
-        ),
+        ControlSystemKind::Epics => Ok(Arc::new(LazyEpicsControlSystem::new(epics_settings(&config.control_system.epics)))),
     }
+}
+
+/// The Channel Access settings of `connector.epics`. `EPICS_CA_ADDR_LIST` in the environment
+/// wins over `addr_list` (as every EPICS tool reads it); the gateways are searched with the
+/// list (reads and writes go to whichever server has the channel; a read-only gateway refuses
+/// writes).
+fn epics_settings(epics: &crate::config::EpicsConfig) -> EpicsSettings {
+    let from_environment = std::env::var("EPICS_CA_ADDR_LIST").is_ok_and(|list| !list.trim().is_empty());
+    let mut addresses = if from_environment { Vec::new() } else { epics.addr_list.clone() };
+    if !from_environment {
+        addresses.extend(epics.read_gateway.iter().chain(&epics.write_gateway).cloned());
+    }
+    let server_port =
+        epics.server_port.or_else(|| std::env::var("EPICS_CA_SERVER_PORT").ok().and_then(|port| port.trim().parse().ok())).unwrap_or(5064);
+    EpicsSettings { timeout: epics.timeout, addresses, server_port }
 }
 
 /// Registers the framework's built-in capabilities the application and `capabilities.exclude`

@@ -233,7 +233,7 @@ enum Command {
     Continue { db: PathBuf, thread: String, side_log: PathBuf },
     State { db: PathBuf, thread: String },
     Ask { db: PathBuf, thread: String },
-    Answer { db: PathBuf, thread: String, resume: Resume<ProbeUpdate> },
+    Answer { db: PathBuf, thread: String, resume: Box<Resume<ProbeUpdate>> },
 }
 
 const USAGE: &str = "usage: crash_probe run|continue <db> <thread> <sidelog> | state|ask <db> <thread> | answer <db> <thread> <interrupt_id> <digest> <answer-json>";
@@ -251,7 +251,7 @@ fn parse(args: &[String]) -> anyhow::Result<Command> {
         [command, db, thread, interrupt_id, digest, answer] if command == "answer" => {
             let answer: Value = serde_json::from_str(answer).with_context(|| format!("the answer {answer:?} is not JSON"))?;
             let resume = Resume { interrupt_id: interrupt_id.clone(), payload_digest: digest.clone(), answer, update: None };
-            Command::Answer { db: db.into(), thread: thread.clone(), resume }
+            Command::Answer { db: db.into(), thread: thread.clone(), resume: Box::new(resume) }
         }
         _ => bail!("{USAGE}"),
     };
@@ -294,7 +294,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::Answer { db, thread, resume } => {
             let graph = open_graph(&db, None).await?;
             let interrupt_id = resume.interrupt_id.clone();
-            let outcome = match graph.resume(&thread, resume, RunOptions::default()).await {
+            let outcome = match graph.resume(&thread, *resume, RunOptions::default()).await {
                 Ok(outcome) => outcome,
                 // Refusals happen before anything is written.
                 Err(
