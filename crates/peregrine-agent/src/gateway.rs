@@ -171,6 +171,9 @@ pub fn keyword_answer(text: &str) -> Option<bool> {
     }
 }
 
+/// Approval types a model never reads free words for: only the keywords approve them.
+pub const KEYWORD_ONLY: &[&str] = &["channel_write"];
+
 /// The withdrawal of `interrupt`, bound to its id and digest, with the history record as its
 /// update: the person's words (when the withdrawal was typed) and the agent's note that the
 /// action did not run.
@@ -304,7 +307,13 @@ impl Gateway {
                 };
             }
         }
-        let detection = self.detect_approval(text, events).await;
+        let keyword_only = interrupt.payload.get("approval_type").and_then(Value::as_str).is_some_and(|kind| KEYWORD_ONLY.contains(&kind));
+        let detection = match keyword_answer(text) {
+            // A control-system write is approved by `yes` alone: words such as "yes, but make it
+            // 52" are not read by a model as an approval of what was shown; they reject it.
+            None if keyword_only => ApprovalDetection { approved: false, abandon: false, method: ApprovalMethod::Fallback },
+            _ => self.detect_approval(text, events).await,
+        };
         if detection.abandon {
             return Ok(GatewayAction::Abandon { resume: abandonment(interrupt, Some(text)), method: Some(detection.method) });
         }

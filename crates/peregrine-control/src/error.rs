@@ -14,8 +14,11 @@ pub enum Violation {
     UnlistedChannel,
     /// The database marks the channel read-only.
     ReadOnly,
-    /// A field of a listed record other than its value (`X.DRVH`), not listed itself.
+    /// A field other than the value (`X.DRVH`, `X.OUT`) that is not listed itself: of a listed
+    /// record, or of any record when unlisted channels are allowed.
     UnlistedField,
+    /// The operation writes this channel more than once.
+    WrittenTwice,
     /// The address is not one plain channel (EPICS channel filters `{…}` `[…]` `$`, spaces,
     /// characters outside `A-Z a-z 0-9 : _ - .`).
     MalformedAddress,
@@ -53,10 +56,11 @@ impl std::fmt::Display for Violation {
                     "the address is not one plain channel (a record name of letters, digits and : _ - ., optionally '.' and a field name)"
                 )
             }
+            Self::WrittenTwice => write!(f, "the operation writes this channel more than once; one write per channel"),
             Self::UnlistedField => {
                 write!(
                     f,
-                    "it is a field of a record the limits database lists, and the field itself is not listed (only .VAL meets the record's entry)"
+                    "it is a record field other than .VAL, and the field itself is not listed in the limits database (only .VAL meets the record's entry)"
                 )
             }
             Self::BelowMin { min } => write!(f, "the value is below the channel's minimum of {min}"),

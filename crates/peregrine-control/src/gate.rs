@@ -9,7 +9,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::connector::DynControlSystem;
-use crate::error::ControlError;
+use crate::error::{ControlError, Violation};
+use crate::journal::{JournalState, WriteJournal};
 use crate::limits::{ChannelLimits, LimitsDatabase, LimitsError, canonical_address, check_finite, check_step};
 use crate::value::{AlarmSeverity, ChannelValue, Reading, Verification, VerificationLevel};
 
@@ -114,16 +115,61 @@ impl ChannelLocks {
     }
 }
 
+/// What the channel's readback says about a write interrupted between being sent and being
+/// confirmed.
+enum Settled {
+    /// The channel reads the approved new value: the write happened.
+    Written,
+    /// The channel still reads the value shown at the approval: the write did not happen.
+    NotWritten,
+    /// The readback cannot tell (why, in words).
+    Unknown(String),
+}
+
+/// Settles an interrupted write by its readback, only when the channel is verified by readback
+/// (a momentary or triggered channel's readback does not show a write) and the approved value
+/// and the value shown at the approval are told apart by more than the tolerance.
+fn settle(write: &PlannedWrite, shown: Option<&ChannelValue>) -> Settled {
+    if write.verification != VerificationLevel::Readback {
+        return Settled::Unknown(
+            "the channel is not verified by readback, so its reading cannot tell; read it before writing again".into(),
+        );
+    }
+    let Some(shown) = shown else { return Settled::Unknown("the value shown at the approval is not known".into()) };
+    if write.current.severity == AlarmSeverity::Invalid {
+        return Settled::Unknown("the channel's reading is INVALID".into());
+    }
+    let near = |a: &ChannelValue, b: &ChannelValue| match (a.as_f64(), b.as_f64()) {
+        (Some(a), Some(b)) => (a - b).abs() <= write.tolerance,
+        _ => a == b,
+    };
+    if near(&write.value, shown) {
+        return Settled::Unknown(format!("the new value {} is within the tolerance of the old one", write.value.display()));
+    }
+    if near(&write.current.value, &write.value) {
+        Settled::Written
+    } else if near(&write.current.value, shown) {
+        Settled::NotWritten
+    } else {
+        Settled::Unknown(format!(
+            "the channel reads {}, neither the old value {} nor the new {}",
+            write.current.value.display(),
+            shown.display(),
+            write.value.display()
+        ))
+    }
+}
+
 /// An operation writes each channel once (`X` and `X.VAL` are one channel): two writes to one
 /// channel would each measure their step from the same current value.
 fn once_each(writes: &[(String, ChannelValue)]) -> Result<(), ControlError> {
     let mut seen = BTreeSet::new();
     for (address, value) in writes {
         if !seen.insert(canonical_address(address).unwrap_or_else(|_| address.clone())) {
-            return Err(ControlError::InvalidValue {
+            return Err(ControlError::LimitViolation {
                 address: address.clone(),
                 value: value.display(),
-                detail: "the operation writes this channel twice; write each channel once".into(),
+                violation: Violation::WrittenTwice,
             });
         }
     }
@@ -185,44 +231,87 @@ impl<'a> WriteGate<'a> {
     /// Writes an approved operation exactly as approved, whole or not at all as far as the gates
     /// go: under the channels' locks, every write is checked again against the values current
     /// now (a stop writes nothing), then each is written and verified in order; a failure stops
-    /// the writes after it. With `redelivered` (the approval's answer was delivered again after
-    /// a crash), a channel that already reads the approved value is not written again.
+    /// the writes after it. With a `journal` (the operation's, kept across crashes), a write it
+    /// records as done is not sent again; one it records as being sent is settled by its
+    /// readback where that can tell (see [`WriteJournal`]) and otherwise stops the operation as
+    /// [`ControlError::WriteUncertain`] before anything is sent.
     pub async fn execute_all(
         &self,
         writes: &[(String, ChannelValue)],
         locks: &ChannelLocks,
-        redelivered: bool,
+        mut journal: Option<&mut WriteJournal>,
     ) -> Result<Vec<WriteOutcome>, PartialWrite> {
         let stopped = |error| PartialWrite { done: Vec::new(), error };
         once_each(writes).map_err(stopped)?;
         let _guards = locks.lock(writes.iter().map(|(address, _)| address.as_str())).await;
-        let mut fresh = Vec::with_capacity(writes.len());
-        for (address, value) in writes {
-            fresh.push(self.check(address, value).await.map_err(stopped)?);
+        // Every write is checked (and an interrupted one settled) before any is sent.
+        let mut fresh: Vec<Option<PlannedWrite>> = Vec::with_capacity(writes.len());
+        for (index, (address, value)) in writes.iter().enumerate() {
+            let state = journal.as_ref().map_or(JournalState::Unsent, |journal| journal.state(index));
+            if state == JournalState::Done {
+                fresh.push(None);
+                continue;
+            }
+            let write = self.check(address, value).await.map_err(stopped)?;
+            if state == JournalState::Sending {
+                let shown = journal.as_ref().and_then(|journal| journal.shown(index));
+                match settle(&write, shown) {
+                    Settled::Written => {
+                        fresh.push(None);
+                        continue;
+                    }
+                    Settled::NotWritten => {}
+                    Settled::Unknown(why) => {
+                        return Err(stopped(ControlError::WriteUncertain {
+                            address: address.clone(),
+                            detail: format!("it was being sent when the process stopped and its completion was never recorded; {why}"),
+                        }));
+                    }
+                }
+            }
+            fresh.push(Some(write));
         }
         let mut done = Vec::with_capacity(fresh.len());
-        for write in fresh {
-            if redelivered && write.current.severity != AlarmSeverity::Invalid && write.current.value.matches(&write.value, write.tolerance)
-            {
-                let notes = format!("already at {} (the approval was delivered again; not written twice)", write.current.value.display());
+        for (index, ((address, value), write)) in writes.iter().zip(fresh).enumerate() {
+            let Some(write) = write else {
+                if let Some(journal) = journal.as_deref_mut()
+                    && journal.state(index) != JournalState::Done
+                    && let Err(error) = journal.done(index).await
+                {
+                    return Err(PartialWrite { done, error });
+                }
                 let verification = Verification {
-                    level: VerificationLevel::Readback,
+                    level: VerificationLevel::None,
                     verified: true,
-                    readback: Some(write.current.value.clone()),
-                    tolerance: Some(write.tolerance),
-                    notes,
+                    readback: None,
+                    tolerance: None,
+                    notes: "written before the process stopped (the write journal and the readback show it); not sent again".into(),
                 };
                 done.push(WriteOutcome {
-                    address: write.address,
-                    value: write.value,
-                    previous: write.current.value,
+                    address: address.clone(),
+                    value: value.clone(),
+                    previous: value.clone(),
                     verification,
                     already_written: true,
                 });
                 continue;
+            };
+            if let Some(journal) = journal.as_deref_mut()
+                && let Err(error) = journal.sending(index).await
+            {
+                return Err(PartialWrite { done, error });
             }
             match self.send(&write).await {
-                Ok(outcome) => done.push(outcome),
+                Ok(outcome) => {
+                    let recorded = match journal.as_deref_mut() {
+                        Some(journal) => journal.done(index).await,
+                        None => Ok(()),
+                    };
+                    done.push(outcome);
+                    if let Err(error) = recorded {
+                        return Err(PartialWrite { done, error });
+                    }
+                }
                 Err(error) => return Err(PartialWrite { done, error }),
             }
         }

@@ -154,6 +154,9 @@ impl LimitsDatabase {
         let limits = match (listed, allow_unlisted) {
             (Some(limits), _) => limits,
             (None, false) => return Err(Violation::UnlistedChannel),
+            // An allowed unlisted channel is a record's value, never another field of it (a link
+            // such as `CALC:X.OUT` could point a later write anywhere).
+            (None, true) if canonical.contains('.') => return Err(Violation::UnlistedField),
             (None, true) => match &self.defaults {
                 Some(defaults) => defaults,
                 None => return Ok(None),

@@ -216,6 +216,7 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use crate::gate::{ChannelLocks, LimitsCheck, WriteGate, WriteSettings};
+    use crate::journal::{JournalState, WriteJournal};
     use crate::limits::LimitsDatabase;
 
     use super::*;
@@ -319,21 +320,81 @@ mod tests {
         gate.plan(&writes).await.expect("both pass before the approval");
         // While the approval waited, B moved: the step to 58 is now 18. Nothing is written, not even A.
         mock.write("B:AMP", &ChannelValue::Double(40.0), VerificationLevel::None, 0.0).await.expect("moved");
-        let stopped = gate.execute_all(&writes, &locks, false).await.expect_err("B's step is too large now");
+        let stopped = gate.execute_all(&writes, &locks, None).await.expect_err("B's step is too large now");
         assert!(stopped.done.is_empty() && stopped.error.is_block(), "{stopped:?}");
         assert_eq!(mock.writes("A:AMP"), 0, "a stop at any write writes none of the operation");
 
         mock.write("B:AMP", &ChannelValue::Double(50.0), VerificationLevel::None, 0.0).await.expect("back");
-        let done = gate.execute_all(&writes, &locks, false).await.expect("written");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut journal = WriteJournal::open(dir.path(), "op-1", vec![None, None]).await.expect("journal");
+        let done = gate.execute_all(&writes, &locks, Some(&mut journal)).await.expect("written");
         assert_eq!(done.iter().map(|outcome| outcome.already_written).collect::<Vec<_>>(), vec![false, false]);
         assert_eq!((mock.writes("A:AMP"), mock.writes("B:AMP")), (1, 3));
-        // Delivered again after a crash: both already read the approved values; nothing is sent.
-        let again = gate.execute_all(&writes, &locks, true).await.expect("nothing to do");
-        assert!(again.iter().all(|outcome| outcome.already_written && outcome.verification.verified), "{again:?}");
+        // Delivered again after a crash: the journal says both were done; nothing is sent.
+        let mut reopened = WriteJournal::open(dir.path(), "op-1", vec![None, None]).await.expect("journal");
+        assert_eq!((reopened.state(0), reopened.state(1)), (JournalState::Done, JournalState::Done));
+        let again = gate.execute_all(&writes, &locks, Some(&mut reopened)).await.expect("nothing to do");
+        assert!(again.iter().all(|outcome| outcome.already_written), "{again:?}");
         assert_eq!((mock.writes("A:AMP"), mock.writes("B:AMP")), (1, 3));
+
+        // Cut off after A was confirmed and while B was being sent: B may have happened, and B is
+        // not verified by readback, so its reading cannot tell: the operation stops as uncertain
+        // and nothing is sent.
+        std::fs::write(dir.path().join("op-2.journal"), "sending 0\ndone 0\nsending 1\n").expect("journal");
+        let mut cut = WriteJournal::open(dir.path(), "op-2", vec![None, None]).await.expect("journal");
+        let uncertain = gate.execute_all(&writes, &locks, Some(&mut cut)).await.expect_err("uncertain");
+        assert!(matches!(uncertain.error, ControlError::WriteUncertain { ref address, .. } if address == "B:AMP"), "{uncertain:?}");
+        assert_eq!((mock.writes("A:AMP"), mock.writes("B:AMP")), (1, 3));
+
+        // A torn line (cut while recording) is not a record: that write was not sent yet.
+        std::fs::write(dir.path().join("op-3.journal"), "sending 0\ndone 0\nsend").expect("journal");
+        let mut torn = WriteJournal::open(dir.path(), "op-3", vec![None, None]).await.expect("journal");
+        let finished = gate.execute_all(&writes, &locks, Some(&mut torn)).await.expect("B is sent");
+        assert_eq!(finished.iter().map(|outcome| outcome.already_written).collect::<Vec<_>>(), vec![true, false]);
+        assert_eq!((mock.writes("A:AMP"), mock.writes("B:AMP")), (1, 4));
+
         // A first delivery always writes, even when the value is already there.
-        gate.execute_all(&writes[..1], &locks, false).await.expect("written again");
+        gate.execute_all(&writes[..1], &locks, None).await.expect("written again");
         assert_eq!(mock.writes("A:AMP"), 2);
+        assert!(WriteJournal::open(dir.path(), "../escape", vec![None]).await.is_err(), "an id is never a path");
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_write_is_settled_by_its_readback_only_where_the_readback_can_tell() {
+        let settings =
+            gated(r#"{"R:AMP": {"max_value": 60, "max_step": 10, "verification": {"level": "readback", "tolerance_absolute": 0.01}}}"#);
+        let mock = MockControlSystem::new(MockSettings::default());
+        let gate = WriteGate::new(&settings, &mock);
+        let locks = ChannelLocks::default();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let writes = vec![("R:AMP".to_owned(), ChannelValue::Double(55.0))];
+        let shown = || vec![Some(ChannelValue::Double(50.0))];
+        let interrupted = |id: &str| std::fs::write(dir.path().join(format!("{id}.journal")), "sending 0\n").expect("journal");
+
+        // Still at the value shown: it was not written; it is written now, once.
+        interrupted("a");
+        let mut journal = WriteJournal::open(dir.path(), "a", shown()).await.expect("journal");
+        let done = gate.execute_all(&writes, &locks, Some(&mut journal)).await.expect("sent");
+        assert!(!done[0].already_written);
+        assert_eq!(mock.writes("R:AMP"), 1);
+        // At the new value: it was written; not sent again.
+        interrupted("b");
+        let mut journal = WriteJournal::open(dir.path(), "b", shown()).await.expect("journal");
+        let done = gate.execute_all(&writes, &locks, Some(&mut journal)).await.expect("settled");
+        assert!(done[0].already_written);
+        assert_eq!(mock.writes("R:AMP"), 1);
+        assert_eq!(WriteJournal::open(dir.path(), "b", shown()).await.expect("journal").state(0), JournalState::Done);
+        // Moved elsewhere meanwhile, or a new value within the tolerance of the old: uncertain.
+        mock.write("R:AMP", &ChannelValue::Double(52.0), VerificationLevel::None, 0.0).await.expect("moved");
+        for (id, shown) in
+            [("c", vec![Some(ChannelValue::Double(50.0))]), ("d", vec![Some(ChannelValue::Double(55.005))]), ("e", vec![None])]
+        {
+            interrupted(id);
+            let mut journal = WriteJournal::open(dir.path(), id, shown).await.expect("journal");
+            let uncertain = gate.execute_all(&writes, &locks, Some(&mut journal)).await.expect_err("uncertain");
+            assert!(matches!(uncertain.error, ControlError::WriteUncertain { .. }), "{id}: {uncertain:?}");
+        }
+        assert_eq!(mock.writes("R:AMP"), 2, "only the test's own move");
     }
 
     #[tokio::test]
@@ -342,22 +403,22 @@ mod tests {
         let mock = MockControlSystem::new(MockSettings::default());
         let gate = WriteGate::new(&settings, &mock);
         let twice = vec![("A:AMP".to_owned(), ChannelValue::Double(55.0)), ("A:AMP.VAL".to_owned(), ChannelValue::Double(59.0))];
-        assert!(matches!(gate.plan(&twice).await, Err(ControlError::InvalidValue { .. })));
+        assert!(gate.plan(&twice).await.is_err_and(|error| error.is_block()), "one channel twice is a stop, not a re-plan");
         let locks = ChannelLocks::default();
-        assert!(gate.execute_all(&twice, &locks, false).await.is_err());
+        assert!(gate.execute_all(&twice, &locks, None).await.is_err());
         assert_eq!(mock.writes("A:AMP"), 0);
 
         // Two operations on one channel: the second waits for the first, then measures its step
         // from the value the first wrote (50 → 58 → 66 would be refused by max 60).
         let held = locks.lock(["A:AMP.VAL"]).await;
         let first = vec![("A:AMP".to_owned(), ChannelValue::Double(58.0))];
-        let waiting = gate.execute_all(&first, &locks, false);
+        let waiting = gate.execute_all(&first, &locks, None);
         tokio::pin!(waiting);
         assert!(futures::poll!(waiting.as_mut()).is_pending(), "the operation waits for the channel's lock");
         drop(held);
         waiting.await.expect("written after the lock is free");
         let second = vec![("A:AMP".to_owned(), ChannelValue::Double(66.0))];
-        assert!(gate.execute_all(&second, &locks, false).await.is_err_and(|stopped| stopped.error.is_block()));
+        assert!(gate.execute_all(&second, &locks, None).await.is_err_and(|stopped| stopped.error.is_block()));
         assert_eq!(mock.writes("A:AMP"), 1);
     }
 

@@ -58,8 +58,13 @@ impl ChannelValue {
             Self::Integer(_) => text.parse::<i64>().map(Self::Integer).map_err(|_| invalid("the channel takes a whole number".into())),
             Self::String(_) => Ok(Self::String(text.to_owned())),
             Self::Enum { .. } => {
-                let by_label = enum_strings.iter().position(|label| label.eq_ignore_ascii_case(text));
-                let by_index = text.parse::<usize>().ok().filter(|index| *index < enum_strings.len().max(1));
+                // An empty label is an undefined state, never matched (nor is empty text).
+                let by_label = enum_strings.iter().position(|label| !label.trim().is_empty() && label.trim().eq_ignore_ascii_case(text));
+                let defined = |index: &usize| match enum_strings.get(*index) {
+                    Some(label) => !label.trim().is_empty(),
+                    None => enum_strings.is_empty() && *index == 0,
+                };
+                let by_index = text.parse::<usize>().ok().filter(defined);
                 let index =
                     by_label.or(by_index).ok_or_else(|| invalid(format!("the channel's states are: {}", enum_strings.join(", "))))?;
                 let index = u16::try_from(index).map_err(|_| invalid("no such state".into()))?;
@@ -77,20 +82,6 @@ impl ChannelValue {
                 .collect::<Option<Vec<_>>>()
                 .map(Self::IntegerArray)
                 .ok_or_else(|| invalid("the channel takes comma-separated whole numbers".into())),
-        }
-    }
-
-    /// Whether a readback of `self` shows `written` arrived: numbers within `tolerance` (an
-    /// enum by its index), anything else equal.
-    pub fn matches(&self, written: &ChannelValue, tolerance: f64) -> bool {
-        match (self.as_f64(), written.as_f64()) {
-            (Some(read), Some(wanted)) => (read - wanted).abs() <= tolerance.max(0.0),
-            _ => match (self, written) {
-                (Self::DoubleArray(read), Self::DoubleArray(wanted)) => {
-                    read.len() == wanted.len() && read.iter().zip(wanted).all(|(read, wanted)| (read - wanted).abs() <= tolerance.max(0.0))
-                }
-                _ => self == written,
-            },
         }
     }
 
@@ -186,4 +177,23 @@ pub struct Verification {
     pub tolerance: Option<f64>,
     /// What the check found, for the person.
     pub notes: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enum_states_are_read_by_defined_label_or_index_only() {
+        let labels: Vec<String> = ["Standby", "", "Stored"].iter().map(|label| (*label).to_owned()).collect();
+        let current = ChannelValue::Enum { index: 0, label: None };
+        let parse = |text: &str| ChannelValue::parse_as(text, &current, &labels, "X:MODE");
+        assert_eq!(parse("stored").expect("by label"), ChannelValue::Enum { index: 2, label: Some("Stored".into()) });
+        assert_eq!(parse("0").expect("by index"), ChannelValue::Enum { index: 0, label: Some("Standby".into()) });
+        for undefined in ["", "1", "3", "-1"] {
+            assert!(parse(undefined).is_err(), "{undefined:?} names no defined state");
+        }
+        let integer = ChannelValue::Integer(0);
+        assert!(ChannelValue::parse_as("9223372036854775808", &integer, &[], "X").is_err(), "past i64");
+    }
 }

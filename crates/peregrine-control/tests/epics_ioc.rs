@@ -10,6 +10,7 @@ use peregrine_control::{ChannelValue, ControlError, ControlSystem, VerificationL
 #[tokio::test]
 async fn reads_writes_and_monitors_a_real_ioc() {
     let Ok(server) = std::env::var("PEREGRINE_TEST_CA_SERVER") else {
+        assert!(std::env::var_os("PEREGRINE_REQUIRE_IOC").is_none(), "PEREGRINE_REQUIRE_IOC is set but PEREGRINE_TEST_CA_SERVER is not");
         eprintln!("PEREGRINE_TEST_CA_SERVER is not set: no IOC to test against");
         return;
     };

@@ -43,20 +43,24 @@ impl Default for PythonApproval {
     }
 }
 
-/// `approval.capabilities.memory`: `{enabled: bool}` or a bare bool, as upstream accepts.
+/// A capability's approval switch (`approval.capabilities.memory`, `.channel_write`):
+/// `{enabled: bool}` or a bare bool, as upstream accepts; on by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct MemoryApproval {
-    /// Whether saving a memory asks first.
+pub struct ApprovalSwitch {
+    /// Whether the action asks first.
     pub enabled: bool,
 }
 
-impl Default for MemoryApproval {
+/// `approval.capabilities.memory`.
+pub type MemoryApproval = ApprovalSwitch;
+
+impl Default for ApprovalSwitch {
     fn default() -> Self {
         Self { enabled: true }
     }
 }
 
-impl<'de> Deserialize<'de> for MemoryApproval {
+impl<'de> Deserialize<'de> for ApprovalSwitch {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
         #[serde(untagged)]
@@ -86,6 +90,9 @@ pub struct CapabilityApprovals {
     pub python_execution: PythonApproval,
     /// Memory saves.
     pub memory: MemoryApproval,
+    /// Control-system writes (Peregrine's key; on unless set to false: then upstream's rule
+    /// applies — the global mode, then `python_execution` as for code that writes).
+    pub channel_write: ApprovalSwitch,
 }
 
 /// The `approval` section of `config.yml`. Missing parts take the secure defaults.
@@ -151,8 +158,13 @@ impl ApprovalConfig {
         })
     }
 
-    /// Whether a control-system write asks first (upstream: the Python evaluator with writes).
+    /// Whether a control-system write asks first: always, unless
+    /// `approval.capabilities.channel_write` is set to false — no global mode, chat command or
+    /// Python setting turns it off. Then upstream's rule: the Python evaluator with writes.
     pub fn control_write(&self, turn_mode: ApprovalMode) -> ApprovalDecision {
+        if self.capabilities.channel_write.enabled {
+            return ApprovalDecision::new(true, "control-system writes always ask for approval (approval.capabilities.channel_write)");
+        }
         self.python_execution(turn_mode, true)
     }
 }
@@ -172,6 +184,21 @@ pub fn approval_message(title: &str, task: Option<&str>, body: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_writes_ask_whatever_the_mode_unless_their_own_switch_is_off() {
+        let mut config = ApprovalConfig::default();
+        config.capabilities.python_execution.enabled = false;
+        for mode in [ApprovalMode::Disabled, ApprovalMode::Selective, ApprovalMode::AllCapabilities] {
+            assert!(config.control_write(mode).needs_approval, "{mode:?}");
+        }
+        config.capabilities.channel_write.enabled = false;
+        assert!(!config.control_write(ApprovalMode::Selective).needs_approval, "then upstream's python rule decides");
+        assert!(config.control_write(ApprovalMode::AllCapabilities).needs_approval);
+        let read: ApprovalConfig = serde_json::from_value(serde_json::json!({"capabilities": {"channel_write": false}})).expect("reads");
+        assert!(!read.capabilities.channel_write.enabled);
+        assert!(ApprovalConfig::default().capabilities.channel_write.enabled, "on by default");
+    }
 
     #[test]
     fn osprey_approval_sections_parse_with_secure_defaults() {

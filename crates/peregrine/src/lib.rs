@@ -50,6 +50,8 @@ pub use peregrine_agent as agent;
 pub use peregrine_capabilities as capabilities;
 /// Checkpoint stores.
 pub use peregrine_checkpoint as checkpoint;
+/// The control-system layer: connectors (mock, EPICS), limits, write gates.
+pub use peregrine_control as control;
 /// The framework's vocabulary: state, capabilities, errors, plans, events.
 pub use peregrine_core as core;
 /// The durable graph engine.

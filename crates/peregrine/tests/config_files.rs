@@ -996,6 +996,15 @@ fn control_system_writes_stay_off_unless_enabled_and_a_named_limits_database_mus
     );
     assert_eq!(control.epics.timeout, std::time::Duration::from_millis(2500));
 
+    assert!(control.configured && !defaults.control_system.configured, "only a control_system section adds the channel capabilities");
+    assert!(enabled.settings.agent_control.control_system_writes_enabled, "the turn's switch starts as the configured one");
+    assert!(!defaults.settings.agent_control.control_system_writes_enabled);
+
+    // Osprey's legacy switch enables nothing, and says so.
+    let legacy = load("execution_control:\n  epics:\n    writes_enabled: true\n").expect("loads");
+    assert!(!legacy.control_system.writes.writes_enabled && !legacy.settings.agent_control.control_system_writes_enabled);
+    assert!(legacy.warnings.iter().any(|warning| warning.contains("legacy write switch")), "{:?}", legacy.warnings);
+
     // Enabled without a database: loads, warns, and every write is refused.
     let blocked = load("control_system:\n  writes_enabled: true\n  limits_checking:\n    enabled: true\n").expect("loads");
     assert!(matches!(blocked.control_system.writes.limits, peregrine_control::LimitsCheck::On { database: Err(_), .. }));

@@ -770,3 +770,105 @@ async fn channels_read_and_write_the_mock_machine_through_the_gates() {
     assert_eq!(broken.status.code(), Some(2));
     assert!(stderr(&broken).contains("control_system.limits_checking.database_path"), "{}", stderr(&broken));
 }
+
+/// The acceptance case of a crash after an approval, on the real IOC of `scripts/epics-ioc.sh`:
+/// the process answering "yes" is killed with SIGKILL at a random moment (before the answer is
+/// recorded, after it, during or after the write), then the thread is finished (`--resume`, or
+/// the answer given again when it was never recorded). Whatever the moment, the IOC's own put
+/// counter shows exactly one write per approved operation, and the channel holds its value.
+#[tokio::test]
+async fn a_write_killed_at_any_moment_after_its_approval_reaches_the_real_ioc_exactly_once() {
+    use peregrine::control::ControlSystem as _;
+    use peregrine::control::epics::{EpicsControlSystem, EpicsSettings};
+
+    let Ok(server) = std::env::var("PEREGRINE_TEST_CA_SERVER") else {
+        assert!(std::env::var_os("PEREGRINE_REQUIRE_IOC").is_none(), "PEREGRINE_REQUIRE_IOC is set but PEREGRINE_TEST_CA_SERVER is not");
+        eprintln!("PEREGRINE_TEST_CA_SERVER is not set: no IOC to test against (scripts/test.sh starts one)");
+        return;
+    };
+    let settings = EpicsSettings { timeout: Duration::from_secs(2), addresses: vec![server.clone()], server_port: 5064 };
+    let ca = EpicsControlSystem::connect(settings).await.expect("CA client");
+    let value = |reading: peregrine::control::Reading| reading.value.as_f64().expect("a number");
+    let puts = || async { value(ca.read("CRASH:RF:AMP:SP:PUTS").await.expect("the put counter")) };
+    let seed = std::env::var("PEREGRINE_CRASH_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or(0x0C4A_5EED_u64);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut tally = std::collections::BTreeMap::<String, usize>::new();
+    for iteration in 0..8 {
+        let current = value(ca.read("CRASH:RF:AMP:SP").await.expect("read"));
+        let target = if current <= 50.0 { current + 5.0 } else { current - 5.0 };
+        let objective = format!("Set CRASH:RF:AMP:SP to {target}");
+        let script = Script::new()
+            .on_schema(
+                EXTRACTED_TASK,
+                Reply::json(json!({"task": objective, "depends_on_chat_history": false, "depends_on_user_memory": false})),
+            )
+            .on_schema("CapabilitySelection", Reply::json(json!({"reasoning": "scripted", "selected": ["channel_write"]})))
+            .on_schema(
+                EXECUTION_PLAN,
+                Reply::json(json!({"steps": [
+                    {"context_key": "set", "capability": "channel_write", "task_objective": objective, "success_criteria": "written",
+                     "expected_output": "CHANNEL_WRITE_RESULTS", "inputs": []},
+                    {"context_key": "answer", "capability": "respond", "task_objective": "Confirm", "success_criteria": "ok",
+                     "expected_output": "user_response", "inputs": [{"CHANNEL_WRITE_RESULTS": "set"}]}]})),
+            )
+            .on_schema(
+                "WriteOperationsOutput",
+                Reply::json(json!({"write_operations": [{"channel_address": "CRASH:RF:AMP:SP", "value": target}]})),
+            )
+            .on_plain(Reply::text("Written."));
+        let llm = ScriptedLlmServer::start(script).await;
+        let project = Project::new(&llm.base_url());
+        std::fs::write(project.path().join("limits.json"), r#"{"CRASH:RF:AMP:SP": {"min_value": 0, "max_value": 60, "max_step": 10}}"#)
+            .expect("limits");
+        let config = project.path().join("config.yml");
+        let base = std::fs::read_to_string(&config).expect("config");
+        std::fs::write(
+            &config,
+            format!(
+                "{base}\ncontrol_system:\n  type: epics\n  writes_enabled: true\n  limits_checking:\n    enabled: true\n    database_path: limits.json\n  \
+                 write_verification:\n    default_level: readback\n  connector:\n    epics:\n      timeout: 2\n      addr_list: ['{server}']\n"
+            ),
+        )
+        .expect("config");
+        let before = puts().await;
+        let thread = format!("crash-{iteration}");
+        let asked = project.run(&["run", "--json", "--thread", &thread, "Set the RF amplitude"]).await;
+        assert_success(&asked);
+        assert_eq!(result_of(&json_lines(&asked))["status"], "interrupted", "{}", stdout(&asked));
+
+        let child = project.command(&["run", "--json", "--thread", &thread, "yes"]).spawn().expect("spawned");
+        let pid = child.id();
+        let jitter = Duration::from_micros(rng.u64(0..120_000));
+        // Killed at a random moment of its life (the wait is the randomised kill point, not a
+        // synchronisation: whatever it hits, the thread is then finished and checked).
+        tokio::time::sleep(jitter).await;
+        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        let killed = wait_child(child).await;
+        let moment = match (killed.status.success(), project.thread_status(&thread).await.as_str()) {
+            (true, _) => "finished before the kill".to_owned(),
+            (false, "interrupted") => {
+                // Killed before the answer was recorded: the question is still pending.
+                assert_success(&project.run(&["run", "--json", "--thread", &thread, "yes"]).await);
+                "before the answer was recorded".to_owned()
+            }
+            (false, "unfinished") => {
+                let resumed = project.run(&["run", "--json", "--thread", &thread, "--resume"]).await;
+                assert_success(&resumed);
+                assert_eq!(result_of(&json_lines(&resumed))["status"], "completed", "{}", stdout(&resumed));
+                "after the answer was recorded".to_owned()
+            }
+            (false, status) => format!("killed with the thread {status}"),
+        };
+        *tally.entry(moment.clone()).or_default() += 1;
+        assert_eq!(project.thread_status(&thread).await, "idle", "iteration {iteration} ({moment}), seed {seed}");
+        assert_eq!(
+            puts().await - before,
+            1.0,
+            "iteration {iteration} ({moment}, {jitter:?}), seed {seed}: exactly one write reached the IOC"
+        );
+        let now = value(ca.read("CRASH:RF:AMP:SP").await.expect("read"));
+        assert!((now - target).abs() < 1e-9, "iteration {iteration}: the IOC holds {now}, not {target}");
+        llm.shutdown().await;
+    }
+    eprintln!("kill moments (seed {seed}): {tally:?}");
+}

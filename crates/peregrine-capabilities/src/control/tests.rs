@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use peregrine_agent::{AgentSettings, Services};
-use peregrine_control::{LimitsCheck, LimitsDatabase, MockControlSystem, MockSettings, WriteSettings};
+use peregrine_control::{ControlSystem as _, LimitsCheck, LimitsDatabase, MockControlSystem, MockSettings, WriteSettings};
 use peregrine_core::capability::NoEvents;
 use peregrine_core::{
     AgentControl, AgentState, ApprovalAnswer, CapabilityError, CapabilityInput, CapabilityOutcome, ContextEntry, ErrorSeverity, InputRef,
@@ -18,6 +18,7 @@ use super::*;
 type Answer = Box<dyn Fn(&str, &ChatRequest) -> Result<String, LlmError> + Send + Sync>;
 
 struct Fixture {
+    _dir: tempfile::TempDir,
     fake: FakeProvider,
     mock: Arc<MockControlSystem>,
     read: ChannelReadCapability,
@@ -26,7 +27,8 @@ struct Fixture {
 
 fn fixture(answer: Answer) -> Fixture {
     let fake = FakeProvider::by_schema(answer);
-    let services = Services::new(Arc::new(fake.client()), AgentSettings::default());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let services = Services::new(Arc::new(fake.client()), AgentSettings::with_data_dir(dir.path()));
     let mock = Arc::new(MockControlSystem::new(MockSettings::default()));
     let settings = WriteSettings {
         writes_enabled: true,
@@ -38,7 +40,7 @@ fn fixture(answer: Answer) -> Fixture {
     };
     let read = ChannelReadCapability::new(services.clone(), mock.clone());
     let write = ChannelWriteCapability::new(services, mock.clone(), settings);
-    Fixture { fake, mock, read, write }
+    Fixture { _dir: dir, fake, mock, read, write }
 }
 
 fn operations(operations: Value) -> Answer {
@@ -125,6 +127,7 @@ async fn the_approval_payload_carries_typed_operations_and_the_answer_writes_exa
     let done = run(&f.write, &state(true), &step(CHANNEL_WRITE_CAPABILITY, true), Some(&answer(approved, true))).await.expect("writes");
     assert!(matches!(done, CapabilityOutcome::Done(_)));
     assert_eq!(f.mock.writes("SR:RF:AMP"), 1);
+    assert_eq!(f.mock.read("SR:RF:AMP").await.expect("read").value, peregrine_control::ChannelValue::Double(52.0), "the payload's value");
     assert_eq!(f.fake.requests_for("WriteOperationsOutput").len(), 1, "no second model call");
 }
 
@@ -163,7 +166,8 @@ async fn the_turn_switch_and_the_config_switch_must_both_be_on() {
     assert_eq!(severity(&error), ErrorSeverity::Critical);
     assert!(f.fake.requests_for("WriteOperationsOutput").is_empty(), "the switch is checked before the model is asked");
     // An approval answered after the switch went off writes nothing either.
-    let payload = json!({"operations": [{"channel_address": "SR:RF:AMP", "value": {"type": "double", "value": 55.0}}]});
+    let payload =
+        json!({"operation_id": "op-off", "operations": [{"channel_address": "SR:RF:AMP", "value": {"type": "double", "value": 55.0}}]});
     let error =
         run(&f.write, &off, &step(CHANNEL_WRITE_CAPABILITY, false), Some(&answer(payload, true))).await.expect_err("blocked at execution");
     assert!(error.message().contains("disabled"), "{error}");
@@ -184,4 +188,24 @@ async fn a_read_takes_the_plans_addresses_or_the_ones_the_task_names() {
     assert_eq!(severity(&error), ErrorSeverity::Replanning);
     let error = run(&f.read, &state(false), &step(CHANNEL_READ_CAPABILITY, true), None).await.expect_err("input not stored");
     assert_eq!(severity(&error), ErrorSeverity::Replanning);
+}
+
+#[tokio::test]
+async fn a_value_in_other_units_than_the_channels_is_refused() {
+    let f = fixture(operations(json!([{"channel_address": "SR:RF:AMP", "value": 55, "units": "MV"}])));
+    let error = run(&f.write, &state(false), &step(CHANNEL_WRITE_CAPABILITY, false), None).await.expect_err("refused");
+    assert_eq!(severity(&error), ErrorSeverity::Critical);
+    assert!(error.message().contains("in MV, but the channel is in %") && error.message().contains("nothing was written"), "{error}");
+    // The same units, or none stated, pass on to the approval.
+    let f = fixture(operations(json!([{"channel_address": "SR:RF:AMP", "value": 55, "units": "%"}])));
+    let asked = run(&f.write, &state(false), &step(CHANNEL_WRITE_CAPABILITY, false), None).await.expect("asks");
+    assert!(matches!(asked, CapabilityOutcome::NeedsApproval(_)));
+}
+
+#[test]
+fn approval_cells_cannot_draw_rows_links_tags_or_reversed_text() {
+    let cell = approval_cell("a | b\n| **c** <img src=x> [l](u) `d`\u{202E}FFO\u{0007}");
+    assert!(!cell.contains('\n') && !cell.contains('\u{202E}') && !cell.contains('\u{0007}'), "{cell}");
+    assert!(cell.contains("a \\| b") && cell.contains("\\*\\*c\\*\\*") && cell.contains("\\<img") && cell.contains("\\[l\\]"), "{cell}");
+    assert_eq!(approval_cell("-0.5 MV"), "-0.5 MV", "numbers and units stay as they are");
 }

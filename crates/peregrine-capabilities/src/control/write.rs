@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use peregrine_agent::Services;
 use peregrine_control::{
-    ChannelLocks, ChannelValue, ControlError, PartialWrite, PlannedWrite, SharedControlSystem, WriteGate, WriteOutcome, WriteSettings,
+    ChannelLocks, ChannelValue, ControlError, PartialWrite, PlannedWrite, SharedControlSystem, WriteGate, WriteJournal, WriteOutcome,
+    WriteSettings,
 };
 use peregrine_core::events::StatusLevel;
 use peregrine_core::{
@@ -22,9 +23,12 @@ use serde_json::{Value, json};
 
 use super::{
     CHANNEL_ADDRESSES, CHANNEL_WRITE_APPROVAL, CHANNEL_WRITE_CAPABILITY, CHANNEL_WRITE_RESULTS, ChannelPrompts, ChannelWriteResult,
-    ChannelWriteResults, DefaultChannelPrompts, MAX_CHANNELS_PER_STEP, WriteParsingRequest, addresses_from_inputs, cell, control_error,
-    write_event,
+    ChannelWriteResults, DefaultChannelPrompts, MAX_CHANNELS_PER_STEP, WriteParsingRequest, addresses_from_inputs, approval_cell,
+    control_error, write_event,
 };
+
+/// The directory, in the agent data directory, of the approved operations' write journals.
+pub const JOURNAL_DIR: &str = "control_writes";
 
 /// `operation_result` of an operation the person rejected.
 pub const CANCELLED_BY_USER: &str = "cancelled by the user";
@@ -215,6 +219,16 @@ impl ChannelWriteCapability {
                 ChannelValue::Enum { .. } => self.connector.metadata_boxed(address).await.map_err(control_error)?.enum_strings,
                 _ => Vec::new(),
             };
+            let stated = operation.units.as_deref().map(str::trim).filter(|units| !units.is_empty());
+            let channel_units = current.units.as_deref().map(str::trim).filter(|units| !units.is_empty());
+            if let (Some(stated), Some(channel_units)) = (stated, channel_units)
+                && stated != channel_units
+            {
+                return Err(critical(format!(
+                    "the task gives the value for '{address}' in {stated}, but the channel is in {channel_units}; nothing was written — \
+                     give the value in {channel_units}"
+                )));
+            }
             let value = ChannelValue::parse_as(&operation.value.text(), &current.value, &enum_strings, address).map_err(control_error)?;
             typed.push((address.clone(), value));
         }
@@ -237,10 +251,18 @@ impl ChannelWriteCapability {
         input: &CapabilityInput<'_>,
         settings: &WriteSettings,
         writes: &[(String, ChannelValue)],
-        redelivered: bool,
+        operation_id: Option<&str>,
+        shown: &[Option<ChannelValue>],
     ) -> Result<CapabilityOutcome, CapabilityError> {
         let gate = WriteGate::new(settings, self.connector.as_ref());
-        match gate.execute_all(writes, &self.locks, redelivered).await {
+        let mut journal = match operation_id {
+            Some(id) => {
+                let dir = self.services.settings.agent_data_dir.join(JOURNAL_DIR);
+                Some(WriteJournal::open(&dir, id, shown.to_vec()).await.map_err(control_error)?)
+            }
+            None => None,
+        };
+        match gate.execute_all(writes, &self.locks, journal.as_mut()).await {
             Ok(outcomes) => {
                 let results: Vec<ChannelWriteResult> = outcomes.iter().map(|outcome| self.written(input, outcome)).collect();
                 let verified = results.iter().filter(|result| result.success).count();
@@ -331,8 +353,12 @@ impl ChannelWriteCapability {
                 "an approved channel write cannot be edited in the approval; nothing was written — ask again with the values you want",
             ));
         }
+        let Some(operation_id) = answer.payload.get("operation_id").and_then(Value::as_str) else {
+            return Err(critical("the approved channel write carries no operation id; nothing was written"));
+        };
         let settings = self.gates_for(input);
-        self.commit(input, &settings, &writes, answer.is_redelivery()).await
+        let shown = shown_values(&answer.payload);
+        self.commit(input, &settings, &writes, Some(operation_id), &shown).await
     }
 }
 
@@ -357,6 +383,15 @@ fn approved_writes(payload: &Value) -> Result<Vec<(String, ChannelValue)>, Capab
                 _ => Err(critical(format!("an approved channel write operation is not readable ({operation}); nothing was written"))),
             }
         })
+        .collect()
+}
+
+/// Each approved operation's channel value as the approval showed it.
+fn shown_values(payload: &Value) -> Vec<Option<ChannelValue>> {
+    let operations = payload.get("operations").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+    operations
+        .iter()
+        .map(|operation| operation.get("current_value").cloned().and_then(|value| serde_json::from_value(value).ok()))
         .collect()
 }
 
@@ -396,14 +431,14 @@ fn approval_request(
     for (write, note) in planned.iter().zip(notes) {
         let units = write.current.units.as_deref().map(|units| format!(" {units}")).unwrap_or_default();
         table.push_str(&format!(
-            "| `{}` | {}{} | **{}**{} | {} | {} |\n",
-            cell(&write.address),
-            cell(&write.current.value.display()),
-            cell(&units),
-            cell(&write.value.display()),
-            cell(&units),
-            cell(&limits_text(write)),
-            cell(&verification_text(write)),
+            "| {} | {}{} | **{}**{} | {} | {} |\n",
+            approval_cell(&write.address),
+            approval_cell(&write.current.value.display()),
+            approval_cell(&units),
+            approval_cell(&write.value.display()),
+            approval_cell(&units),
+            approval_cell(&limits_text(write)),
+            approval_cell(&verification_text(write)),
         ));
         operations.push(json!({
             "channel_address": write.address,
@@ -426,9 +461,11 @@ fn approval_request(
     );
     ApprovalRequest {
         approval_type: CHANNEL_WRITE_APPROVAL.into(),
-        user_message: approval_message("Control-system write", Some(task_objective), &body),
+        user_message: approval_message("Control-system write", Some(&approval_cell(task_objective)), &body),
         payload: json!({
             "approval_type": CHANNEL_WRITE_APPROVAL,
+            // Names the operation's write journal: what a redelivered answer consults.
+            "operation_id": uuid::Uuid::new_v4().to_string(),
             "step_objective": task_objective,
             "operations": operations,
         }),
@@ -479,7 +516,7 @@ impl Capability for ChannelWriteCapability {
             let notes: Vec<Option<String>> = operations.iter().map(|operation| operation.notes.clone()).collect();
             return Ok(CapabilityOutcome::NeedsApproval(approval_request(input.task_objective(), &planned, &notes, &decision)));
         }
-        self.commit(&input, &settings, &typed, false).await
+        self.commit(&input, &settings, &typed, None, &[]).await
     }
 }
 

@@ -146,7 +146,23 @@ impl Build<'_> {
         let capabilities = self.capabilities(raw.capabilities, embedded_model)?;
         let server = self.server(raw.server)?;
         let logging = self.logging(raw.logging.unwrap_or_default())?;
+        let legacy_writes =
+            raw.execution_control.as_ref().and_then(|control| control.epics.as_ref()).and_then(|epics| epics.writes_enabled);
         let control_system = self.control_system(raw.control_system)?;
+        if control_system.writes.writes_enabled && !settings.approval.capabilities.channel_write.enabled {
+            self.warnings.push(
+                "approval.capabilities.channel_write is false: control-system writes run without asking whenever the approval mode \
+                 and python_execution allow it"
+                    .to_owned(),
+            );
+        }
+        if legacy_writes == Some(true) && !control_system.writes.writes_enabled {
+            self.warnings.push(
+                "execution_control.epics.writes_enabled is Osprey's legacy write switch and enables nothing here: writes stay \
+                 disabled until control_system.writes_enabled is true"
+                    .to_owned(),
+            );
+        }
         // The turn's own master switch starts as the configured one (the capability needs both).
         settings.agent_control.control_system_writes_enabled = control_system.writes.writes_enabled;
         let development = raw.development.unwrap_or_default();
@@ -252,11 +268,15 @@ impl Build<'_> {
         let checking = raw.limits_checking.unwrap_or_default();
         let allow_unlisted = checking.allow_unlisted_channels.unwrap_or(false);
         let writes_enabled = raw.writes_enabled.unwrap_or(false);
-        let limits = match (checking.enabled.unwrap_or(false), checking.database_path.filter(|path| !path.trim().is_empty())) {
+        let path = checking.database_path.filter(|path| !path.trim().is_empty());
+        // A named database is checked unless limits checking is switched off explicitly: a
+        // forgotten `enabled: true` never leaves a facility's limits unchecked.
+        let enabled = checking.enabled.unwrap_or(path.is_some());
+        let limits = match (enabled, path) {
             (false, path) => {
                 if path.is_some() {
                     self.warnings.push(
-                        "control_system.limits_checking.database_path is set but limits_checking.enabled is not true: the limits are not checked".to_owned(),
+                        "control_system.limits_checking.database_path is set but limits_checking.enabled is false: the limits are not checked".to_owned(),
                     );
                 } else if writes_enabled {
                     self.warnings.push(

@@ -13,7 +13,7 @@ use std::path::Path;
 use peregrine_agent::ClassifierMode;
 use peregrine_core::{ApprovalConfig, ExecutionLimits};
 use serde::Deserialize;
-use serde::de::{self, Deserializer, IgnoredAny, Visitor};
+use serde::de::{self, Deserializer, Visitor};
 
 /// The whole file. Unknown top-level keys are skipped (and reported as ignored).
 #[derive(Debug, Default, Deserialize)]
@@ -229,10 +229,17 @@ pub(crate) struct RawExecutionControl {
     pub prompt_history_chars: Option<Count>,
     #[serde(default)]
     pub data_source_timeout_seconds: Option<Seconds>,
-    /// Upstream's legacy `execution_control.epics.writes_enabled`: accepted, ignored.
+    /// Upstream's legacy `execution_control.epics.writes_enabled`: read only to warn that it
+    /// enables nothing (the master switch is `control_system.writes_enabled`).
     #[serde(default)]
-    #[allow(dead_code, reason = "accepted so that the key is reported as ignored, never read")]
-    pub epics: Option<IgnoredAny>,
+    pub epics: Option<RawLegacyEpics>,
+}
+
+/// `execution_control.epics` (Osprey's legacy write switch; other keys ignored).
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawLegacyEpics {
+    #[serde(default)]
+    pub writes_enabled: Option<bool>,
 }
 
 /// `execution_control.agent_control`.
@@ -388,7 +395,7 @@ pub(crate) fn known_keys(section: &str) -> &'static [&'static str] {
         "development" => &["raise_raw_errors", "api_calls"],
         "development.api_calls" => &["save_all"],
         "approval" => &["global_mode", "capabilities", "allow_chat_override"],
-        "approval.capabilities" => &["python_execution", "memory"],
+        "approval.capabilities" => &["python_execution", "memory", "channel_write"],
         _ if section.starts_with("api.providers.") => PROVIDER_KEYS,
         _ => &[],
     }
