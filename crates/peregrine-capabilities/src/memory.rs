@@ -161,14 +161,7 @@ impl MemoryCapability {
         // Only the recent conversation, within the history budget: a long thread must not
         // overflow the extraction prompt.
         let chat_history = format_chat_history(&input.state.messages, self.services.settings.prompt_history_chars);
-        let step_inputs = input
-            .state
-            .capability_context_data
-            .summaries(Some(input.step))
-            .into_iter()
-            .map(|(reference, summary)| format!("- {reference}: {summary}"))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let step_inputs = input.state.capability_context_data.summary_lines(input.step);
         let request = ExtractionRequest { task_objective: input.task_objective(), chat_history: &chat_history, step_inputs: &step_inputs };
         let extraction: MemoryContentExtraction = self
             .services

@@ -288,6 +288,16 @@ impl ContextStore {
             None => self.iter().map(|(reference, entry)| (reference, entry.summary())).collect(),
         }
     }
+
+    /// The step's input summaries as prompt lines, `- {TYPE: key}: summary` each; empty when it
+    /// has none.
+    pub fn summary_lines(&self, step: &PlannedStep) -> String {
+        self.summaries(Some(step))
+            .into_iter()
+            .map(|(reference, summary)| format!("- {reference}: {summary}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }
 
 fn decode<T: DeserializeOwned>(context_type: &str, key: &str, entry: &ContextEntry) -> Result<T, ContextError> {

@@ -22,7 +22,8 @@ use peregrine_control::{
 use peregrine_core::events::EventKind;
 use peregrine_core::{AgentEvent, ChannelWriteStage, Registry};
 use peregrine_graph::RunEvent;
-use peregrine_llm::{LlmClient, LlmConfig, ModelConfig, ProviderConfig, Secret};
+use peregrine_llm::LlmClient;
+use peregrine_testkit::agent_fixture::{extracted_task, llm_config, selection as fixture_selection};
 use peregrine_testkit::llm_server::{RecordedRequest, Reply, Script, ScriptedLlmServer};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -84,26 +85,6 @@ struct Harness {
     _dir: tempfile::TempDir,
 }
 
-fn llm_config(base_url: &str) -> LlmConfig {
-    let mut config = LlmConfig::default();
-    config.providers.insert(
-        "scripted".into(),
-        ProviderConfig {
-            api_key: Some(Secret::new("sk-test")),
-            base_url: Some(base_url.to_owned()),
-            timeout_seconds: Some(10.0),
-            max_retries: Some(0),
-            protocol: Some("openai".into()),
-            ..ProviderConfig::default()
-        },
-    );
-    config.models.insert(
-        "default".into(),
-        ModelConfig { provider: "scripted".into(), model_id: "scripted-model".into(), max_tokens: None, temperature: None },
-    );
-    config
-}
-
 fn gates(writes_enabled: bool) -> WriteSettings {
     WriteSettings {
         writes_enabled,
@@ -115,7 +96,7 @@ fn gates(writes_enabled: bool) -> WriteSettings {
 async fn harness(script: Script, writes: WriteSettings) -> Harness {
     let server = ScriptedLlmServer::start(script).await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let llm = LlmClient::from_config(llm_config(&server.base_url())).expect("client");
+    let llm = LlmClient::from_config(llm_config(&server.base_url(), 10.0)).expect("client");
     let mut settings =
         AgentSettings { classifier_mode: ClassifierMode::Batched, ..AgentSettings::with_data_dir(dir.path().join("agent_data")) };
     settings.agent_control.control_system_writes_enabled = writes.writes_enabled;
@@ -171,11 +152,11 @@ impl Harness {
 }
 
 fn extracted(task: &str) -> Reply {
-    Reply::json(json!({"task": task, "depends_on_chat_history": false, "depends_on_user_memory": false}))
+    Reply::json(extracted_task(task))
 }
 
 fn selection(names: &[&str]) -> Reply {
-    Reply::json(json!({"reasoning": "scripted", "selected": names}))
+    Reply::json(fixture_selection(names))
 }
 
 fn plan(capability: &str, key: &str, objective: &str, output: &str) -> Reply {
@@ -373,7 +354,7 @@ async fn ioc_agent(server: &str, script: Script, writes_enabled: bool) -> (Scrip
     use peregrine_control::epics::{EpicsSettings, LazyEpicsControlSystem};
     let llm_server = ScriptedLlmServer::start(script).await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let llm = LlmClient::from_config(llm_config(&llm_server.base_url())).expect("client");
+    let llm = LlmClient::from_config(llm_config(&llm_server.base_url(), 10.0)).expect("client");
     let mut settings =
         AgentSettings { classifier_mode: ClassifierMode::Batched, ..AgentSettings::with_data_dir(dir.path().join("agent_data")) };
     settings.agent_control.control_system_writes_enabled = writes_enabled;

@@ -153,14 +153,7 @@ impl ChannelWriteCapability {
     /// The operations the task asks for, by the `channel_write` model, checked for shape.
     async fn operations(&self, input: &CapabilityInput<'_>) -> Result<Vec<WriteOperation>, CapabilityError> {
         let given = addresses_from_inputs(input)?;
-        let step_inputs = input
-            .state
-            .capability_context_data
-            .summaries(Some(input.step))
-            .into_iter()
-            .map(|(reference, summary)| format!("- {reference}: {summary}"))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let step_inputs = input.state.capability_context_data.summary_lines(input.step);
         let request = WriteParsingRequest { task_objective: input.task_objective(), channels: &given, step_inputs: &step_inputs };
         let options = CallOptions { events: Some(input.events), component: Some(CHANNEL_WRITE_CAPABILITY) };
         let output: WriteOperationsOutput = self
