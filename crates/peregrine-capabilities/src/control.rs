@@ -197,17 +197,24 @@ pub(crate) fn write_event(
 
 /// Text from the model or the control system made inert for the approval prompt: control and
 /// bidirectional-formatting characters removed (a right-to-left override could show "FFO" as
-/// "OFF"), line breaks flattened, and the Markdown and HTML characters that could draw a table,
-/// emphasis, a link or a tag escaped — so no channel name, value, unit or objective can fake a
+/// "OFF"), zero-width and line-separator characters removed, line breaks flattened, and the
+/// Markdown and HTML characters that could draw a table, emphasis, a link, a tag or an entity
+/// (`&#x202E;`) escaped — so no channel name, value, unit or objective can fake a
 /// row of the table the person approves.
 pub fn approval_cell(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
             '\n' | '\r' | '\t' => out.push(' '),
-            '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{061C}' => {}
+            '\u{200B}'..='\u{200F}'
+            | '\u{2028}'
+            | '\u{2029}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{061C}'
+            | '\u{FEFF}' => {}
             c if c.is_control() => {}
-            '\\' | '|' | '*' | '_' | '~' | '`' | '<' | '>' | '[' | ']' | '#' => {
+            '\\' | '|' | '*' | '_' | '~' | '`' | '<' | '>' | '[' | ']' | '#' | '&' => {
                 out.push('\\');
                 out.push(c);
             }

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use crate::connector::DynControlSystem;
 use crate::error::{ControlError, Violation};
@@ -112,6 +113,28 @@ impl ChannelLocks {
             guards.push(mutex.lock_owned().await);
         }
         guards
+    }
+}
+
+/// How long after an interrupted write was recorded as sending its channel is read to settle
+/// it: a put still on its way lands within this time.
+pub const SETTLE_AFTER: Duration = Duration::from_secs(2);
+
+/// The outcome of a write the journal records as done before a crash.
+fn already_written(address: &str, value: &ChannelValue, shown: Option<ChannelValue>) -> WriteOutcome {
+    let verification = Verification {
+        level: VerificationLevel::None,
+        verified: true,
+        readback: None,
+        tolerance: None,
+        notes: "written before the process stopped (the write journal and the readback show it); not sent again".into(),
+    };
+    WriteOutcome {
+        address: address.to_owned(),
+        value: value.clone(),
+        previous: shown.unwrap_or_else(|| value.clone()),
+        verification,
+        already_written: true,
     }
 }
 
@@ -241,61 +264,65 @@ impl<'a> WriteGate<'a> {
         locks: &ChannelLocks,
         mut journal: Option<&mut WriteJournal>,
     ) -> Result<Vec<WriteOutcome>, PartialWrite> {
-        let stopped = |error| PartialWrite { done: Vec::new(), error };
-        once_each(writes).map_err(stopped)?;
+        once_each(writes).map_err(|error| PartialWrite { done: Vec::new(), error })?;
         let _guards = locks.lock(writes.iter().map(|(address, _)| address.as_str())).await;
-        // Every write is checked (and an interrupted one settled) before any is sent.
+        let state = |journal: &Option<&mut WriteJournal>, index: usize| {
+            journal.as_ref().map_or(JournalState::Unsent, |journal| journal.state(index))
+        };
+        let shown = |journal: &Option<&mut WriteJournal>, index: usize| journal.as_ref().and_then(|journal| journal.shown(index)).cloned();
+        // What happened before a crash is reported whatever stops the rest.
+        let mut done: Vec<WriteOutcome> = Vec::with_capacity(writes.len());
+        for (index, (address, value)) in writes.iter().enumerate() {
+            if state(&journal, index) == JournalState::Done {
+                done.push(already_written(address, value, shown(&journal, index)));
+            }
+        }
+        // Every other write is checked (and an interrupted one settled) before any is sent.
         let mut fresh: Vec<Option<PlannedWrite>> = Vec::with_capacity(writes.len());
         for (index, (address, value)) in writes.iter().enumerate() {
-            let state = journal.as_ref().map_or(JournalState::Unsent, |journal| journal.state(index));
-            if state == JournalState::Done {
+            let current_state = state(&journal, index);
+            if current_state == JournalState::Done {
                 fresh.push(None);
                 continue;
             }
-            let write = self.check(address, value).await.map_err(stopped)?;
-            if state == JournalState::Sending {
-                let shown = journal.as_ref().and_then(|journal| journal.shown(index));
-                match settle(&write, shown) {
+            if let JournalState::Sending(Some(at)) = current_state {
+                // A put still on its way (in a dead process's socket, a gateway's queue) lands
+                // within this time; the channel is read after it.
+                let elapsed = SystemTime::now().duration_since(at).unwrap_or_default();
+                if let Some(wait) = SETTLE_AFTER.checked_sub(elapsed) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            let write = match self.check(address, value).await {
+                Ok(write) => write,
+                Err(error) => return Err(PartialWrite { done, error }),
+            };
+            if let JournalState::Sending(_) = current_state {
+                match settle(&write, shown(&journal, index).as_ref()) {
                     Settled::Written => {
+                        if let Some(journal) = journal.as_deref_mut()
+                            && let Err(error) = journal.done(index).await
+                        {
+                            return Err(PartialWrite { done, error });
+                        }
+                        done.push(already_written(address, value, shown(&journal, index)));
                         fresh.push(None);
                         continue;
                     }
                     Settled::NotWritten => {}
                     Settled::Unknown(why) => {
-                        return Err(stopped(ControlError::WriteUncertain {
+                        let error = ControlError::WriteUncertain {
                             address: address.clone(),
                             detail: format!("it was being sent when the process stopped and its completion was never recorded; {why}"),
-                        }));
+                        };
+                        return Err(PartialWrite { done, error });
                     }
                 }
             }
             fresh.push(Some(write));
         }
-        let mut done = Vec::with_capacity(fresh.len());
-        for (index, ((address, value), write)) in writes.iter().zip(fresh).enumerate() {
-            let Some(write) = write else {
-                if let Some(journal) = journal.as_deref_mut()
-                    && journal.state(index) != JournalState::Done
-                    && let Err(error) = journal.done(index).await
-                {
-                    return Err(PartialWrite { done, error });
-                }
-                let verification = Verification {
-                    level: VerificationLevel::None,
-                    verified: true,
-                    readback: None,
-                    tolerance: None,
-                    notes: "written before the process stopped (the write journal and the readback show it); not sent again".into(),
-                };
-                done.push(WriteOutcome {
-                    address: address.clone(),
-                    value: value.clone(),
-                    previous: value.clone(),
-                    verification,
-                    already_written: true,
-                });
-                continue;
-            };
+        for (index, write) in fresh.into_iter().enumerate() {
+            let Some(write) = write else { continue };
             if let Some(journal) = journal.as_deref_mut()
                 && let Err(error) = journal.sending(index).await
             {

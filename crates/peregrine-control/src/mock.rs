@@ -326,37 +326,53 @@ mod tests {
 
         mock.write("B:AMP", &ChannelValue::Double(50.0), VerificationLevel::None, 0.0).await.expect("back");
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut journal = WriteJournal::open(dir.path(), "op-1", vec![None, None]).await.expect("journal");
+        let mut journal = WriteJournal::open(dir.path(), "op-1", vec![None, None], true).await.expect("journal");
         let done = gate.execute_all(&writes, &locks, Some(&mut journal)).await.expect("written");
         assert_eq!(done.iter().map(|outcome| outcome.already_written).collect::<Vec<_>>(), vec![false, false]);
         assert_eq!((mock.writes("A:AMP"), mock.writes("B:AMP")), (1, 3));
+        drop(journal);
         // Delivered again after a crash: the journal says both were done; nothing is sent.
-        let mut reopened = WriteJournal::open(dir.path(), "op-1", vec![None, None]).await.expect("journal");
+        let mut reopened = WriteJournal::open(dir.path(), "op-1", vec![None, None], false).await.expect("journal");
         assert_eq!((reopened.state(0), reopened.state(1)), (JournalState::Done, JournalState::Done));
         let again = gate.execute_all(&writes, &locks, Some(&mut reopened)).await.expect("nothing to do");
         assert!(again.iter().all(|outcome| outcome.already_written), "{again:?}");
+        drop(reopened);
         assert_eq!((mock.writes("A:AMP"), mock.writes("B:AMP")), (1, 3));
 
         // Cut off after A was confirmed and while B was being sent: B may have happened, and B is
         // not verified by readback, so its reading cannot tell: the operation stops as uncertain
         // and nothing is sent.
         std::fs::write(dir.path().join("op-2.journal"), "sending 0\ndone 0\nsending 1\n").expect("journal");
-        let mut cut = WriteJournal::open(dir.path(), "op-2", vec![None, None]).await.expect("journal");
+        let mut cut = WriteJournal::open(dir.path(), "op-2", vec![None, None], false).await.expect("journal");
         let uncertain = gate.execute_all(&writes, &locks, Some(&mut cut)).await.expect_err("uncertain");
         assert!(matches!(uncertain.error, ControlError::WriteUncertain { ref address, .. } if address == "B:AMP"), "{uncertain:?}");
+        assert_eq!(uncertain.done.len(), 1, "A, written before the crash, is reported as written: {uncertain:?}");
         assert_eq!((mock.writes("A:AMP"), mock.writes("B:AMP")), (1, 3));
 
         // A torn line (cut while recording) is not a record: that write was not sent yet.
         std::fs::write(dir.path().join("op-3.journal"), "sending 0\ndone 0\nsend").expect("journal");
-        let mut torn = WriteJournal::open(dir.path(), "op-3", vec![None, None]).await.expect("journal");
+        let mut torn = WriteJournal::open(dir.path(), "op-3", vec![None, None], false).await.expect("journal");
         let finished = gate.execute_all(&writes, &locks, Some(&mut torn)).await.expect("B is sent");
         assert_eq!(finished.iter().map(|outcome| outcome.already_written).collect::<Vec<_>>(), vec![true, false]);
         assert_eq!((mock.writes("A:AMP"), mock.writes("B:AMP")), (1, 4));
+        drop(torn);
+        // The torn line was ended before B's records: the journal now reads both done.
+        let reread = WriteJournal::open(dir.path(), "op-3", vec![None, None], false).await.expect("journal");
+        assert_eq!((reread.state(0), reread.state(1)), (JournalState::Done, JournalState::Done));
+        drop(reread);
+        // A first delivery never runs on a journal with records (an operation is carried out once).
+        let again = WriteJournal::open(dir.path(), "op-1", vec![None, None], true).await.expect_err("not fresh");
+        assert!(again.to_string().contains("already carried out"), "{again}");
+        // Two holders of one operation: the second is refused while the first writes.
+        let held = WriteJournal::open(dir.path(), "op-4", vec![None], true).await.expect("journal");
+        let refused = WriteJournal::open(dir.path(), "op-4", vec![None], false).await.expect_err("locked");
+        assert!(refused.to_string().contains("another process is writing this operation"), "{refused}");
+        drop(held);
 
         // A first delivery always writes, even when the value is already there.
         gate.execute_all(&writes[..1], &locks, None).await.expect("written again");
         assert_eq!(mock.writes("A:AMP"), 2);
-        assert!(WriteJournal::open(dir.path(), "../escape", vec![None]).await.is_err(), "an id is never a path");
+        assert!(WriteJournal::open(dir.path(), "../escape", vec![None], true).await.is_err(), "an id is never a path");
     }
 
     #[tokio::test]
@@ -373,24 +389,25 @@ mod tests {
 
         // Still at the value shown: it was not written; it is written now, once.
         interrupted("a");
-        let mut journal = WriteJournal::open(dir.path(), "a", shown()).await.expect("journal");
+        let mut journal = WriteJournal::open(dir.path(), "a", shown(), false).await.expect("journal");
         let done = gate.execute_all(&writes, &locks, Some(&mut journal)).await.expect("sent");
         assert!(!done[0].already_written);
         assert_eq!(mock.writes("R:AMP"), 1);
         // At the new value: it was written; not sent again.
         interrupted("b");
-        let mut journal = WriteJournal::open(dir.path(), "b", shown()).await.expect("journal");
+        let mut journal = WriteJournal::open(dir.path(), "b", shown(), false).await.expect("journal");
         let done = gate.execute_all(&writes, &locks, Some(&mut journal)).await.expect("settled");
         assert!(done[0].already_written);
         assert_eq!(mock.writes("R:AMP"), 1);
-        assert_eq!(WriteJournal::open(dir.path(), "b", shown()).await.expect("journal").state(0), JournalState::Done);
+        drop(journal);
+        assert_eq!(WriteJournal::open(dir.path(), "b", shown(), false).await.expect("journal").state(0), JournalState::Done);
         // Moved elsewhere meanwhile, or a new value within the tolerance of the old: uncertain.
         mock.write("R:AMP", &ChannelValue::Double(52.0), VerificationLevel::None, 0.0).await.expect("moved");
         for (id, shown) in
             [("c", vec![Some(ChannelValue::Double(50.0))]), ("d", vec![Some(ChannelValue::Double(55.005))]), ("e", vec![None])]
         {
             interrupted(id);
-            let mut journal = WriteJournal::open(dir.path(), id, shown).await.expect("journal");
+            let mut journal = WriteJournal::open(dir.path(), id, shown, false).await.expect("journal");
             let uncertain = gate.execute_all(&writes, &locks, Some(&mut journal)).await.expect_err("uncertain");
             assert!(matches!(uncertain.error, ControlError::WriteUncertain { .. }), "{id}: {uncertain:?}");
         }

@@ -832,13 +832,16 @@ async fn a_write_killed_at_any_moment_after_its_approval_reaches_the_real_ioc_ex
         .expect("config");
         let before = puts().await;
         let thread = format!("crash-{iteration}");
+        let started = std::time::Instant::now();
         let asked = project.run(&["run", "--json", "--thread", &thread, "Set the RF amplitude"]).await;
+        // A whole run's duration: the kills are spread over the life of the answering process.
+        let lifetime = started.elapsed();
         assert_success(&asked);
         assert_eq!(result_of(&json_lines(&asked))["status"], "interrupted", "{}", stdout(&asked));
 
         let child = project.command(&["run", "--json", "--thread", &thread, "yes"]).spawn().expect("spawned");
         let pid = child.id();
-        let jitter = Duration::from_micros(rng.u64(0..120_000));
+        let jitter = lifetime.mul_f64(rng.f64() * 1.5);
         // Killed at a random moment of its life (the wait is the randomised kill point, not a
         // synchronisation: whatever it hits, the thread is then finished and checked).
         tokio::time::sleep(jitter).await;

@@ -208,4 +208,5 @@ fn approval_cells_cannot_draw_rows_links_tags_or_reversed_text() {
     assert!(!cell.contains('\n') && !cell.contains('\u{202E}') && !cell.contains('\u{0007}'), "{cell}");
     assert!(cell.contains("a \\| b") && cell.contains("\\*\\*c\\*\\*") && cell.contains("\\<img") && cell.contains("\\[l\\]"), "{cell}");
     assert_eq!(approval_cell("-0.5 MV"), "-0.5 MV", "numbers and units stay as they are");
+    assert_eq!(approval_cell("&#x202E;FFO\u{200B}"), "\\&\\#x202E;FFO", "an entity is not decoded, a zero-width space is gone");
 }

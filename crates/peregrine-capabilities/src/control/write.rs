@@ -244,14 +244,14 @@ impl ChannelWriteCapability {
         input: &CapabilityInput<'_>,
         settings: &WriteSettings,
         writes: &[(String, ChannelValue)],
-        operation_id: Option<&str>,
+        operation_id: Option<(&str, bool)>,
         shown: &[Option<ChannelValue>],
     ) -> Result<CapabilityOutcome, CapabilityError> {
         let gate = WriteGate::new(settings, self.connector.as_ref());
         let mut journal = match operation_id {
-            Some(id) => {
+            Some((id, redelivered)) => {
                 let dir = self.services.settings.agent_data_dir.join(JOURNAL_DIR);
-                Some(WriteJournal::open(&dir, id, shown.to_vec()).await.map_err(control_error)?)
+                Some(WriteJournal::open(&dir, id, shown.to_vec(), !redelivered).await.map_err(control_error)?)
             }
             None => None,
         };
@@ -351,7 +351,7 @@ impl ChannelWriteCapability {
         };
         let settings = self.gates_for(input);
         let shown = shown_values(&answer.payload);
-        self.commit(input, &settings, &writes, Some(operation_id), &shown).await
+        self.commit(input, &settings, &writes, Some((operation_id, answer.is_redelivery())), &shown).await
     }
 }
 

@@ -268,10 +268,11 @@ impl Build<'_> {
         let checking = raw.limits_checking.unwrap_or_default();
         let allow_unlisted = checking.allow_unlisted_channels.unwrap_or(false);
         let writes_enabled = raw.writes_enabled.unwrap_or(false);
-        let path = checking.database_path.filter(|path| !path.trim().is_empty());
         // A named database is checked unless limits checking is switched off explicitly: a
-        // forgotten `enabled: true` never leaves a facility's limits unchecked.
-        let enabled = checking.enabled.unwrap_or(path.is_some());
+        // forgotten `enabled: true` never leaves a facility's limits unchecked (and a path that
+        // comes out empty, e.g. from an unset variable, refuses every write).
+        let enabled = checking.enabled.unwrap_or(checking.database_path.is_some());
+        let path = checking.database_path.filter(|path| !path.trim().is_empty());
         let limits = match (enabled, path) {
             (false, path) => {
                 if path.is_some() {
