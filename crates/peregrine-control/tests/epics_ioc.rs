@@ -25,6 +25,20 @@ async fn reads_writes_and_monitors_a_real_ioc() {
     assert!(amp.writable);
     let mode = ca.read("TEST:MODE").await.expect("read");
     assert!(matches!(&mode.value, ChannelValue::Enum { label: Some(_), .. }), "{mode:?}");
+    // Every record type of the test database, typed as EPICS serves it.
+    let enable = ca.read("TEST:RF:ENABLE").await.expect("bo");
+    assert_eq!(enable.value, ChannelValue::Enum { index: 1, label: Some("On".into()) }, "{enable:?}");
+    let steps = ca.read("TEST:MAG:QF1:STEPS").await.expect("longout");
+    assert!(matches!(steps.value, ChannelValue::Integer(_)) && steps.units.as_deref() == Some("steps"), "{steps:?}");
+    let status = ca.read("TEST:STATUS").await.expect("stringout");
+    assert_eq!(status.value, ChannelValue::String("RUNNING".into()));
+    let bpm = ca.read("TEST:BPM:X").await.expect("waveform");
+    let ChannelValue::DoubleArray(positions) = &bpm.value else { panic!("a waveform of doubles: {bpm:?}") };
+    assert_eq!((positions.len(), positions.first().copied()), (16, Some(0.1)), "{bpm:?}");
+    let vacuum = ca.read("TEST:VAC:P1").await.expect("ai in alarm");
+    assert_eq!(vacuum.severity, peregrine_control::AlarmSeverity::Minor, "{vacuum:?}");
+    let mode_meta = ca.metadata("TEST:MODE").await.expect("metadata");
+    assert_eq!(&mode_meta.enum_strings[..4], ["Standby", "Injection", "Ramping", "Stored"]);
 
     let written = ca.write("TEST:RF:AMP:SP", &ChannelValue::Double(33.5), VerificationLevel::Readback, 0.01).await.expect("written");
     assert!(written.verified, "{written:?}");

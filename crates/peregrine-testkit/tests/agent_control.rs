@@ -446,6 +446,7 @@ async fn writes_reach_the_real_ioc_once_when_approved_and_never_when_a_gate_stop
         ("TURN:RF:AMP:SP", json!(now - 20.0), true, "largest step"),
         ("TEST:BEAM:CURRENT", json!(400), true, "read-only"),
         ("TURN:RF:AMP:SP", json!(now + 1.0), false, "disabled"),
+        ("TEST:MAG:QF1:STEPS", json!(11), true, "not in the limits database"),
     ];
     for (address, value, writes_enabled, why) in stopped {
         let (llm, agent, _dir) = ioc_agent(&server, write_script(address, value.clone()), writes_enabled).await;
