@@ -647,9 +647,12 @@ models:
     }
 
     #[test]
-    fn upstream_legacy_keys_are_accepted_as_ignored() {
+    fn upstreams_legacy_write_switch_is_accepted_and_enables_nothing() {
         let config = parse("execution_control:\n  epics:\n    writes_enabled: false\n", &[]).expect("loads");
-        assert_eq!(config.ignored_keys, ["execution_control.epics"]);
+        assert!(config.ignored_keys.is_empty() && config.warnings.is_empty(), "{:?} {:?}", config.ignored_keys, config.warnings);
+        let config = parse("execution_control:\n  epics:\n    writes_enabled: true\n", &[]).expect("loads");
+        assert!(!config.control_system.writes.writes_enabled);
+        assert!(config.warnings.iter().any(|warning| warning.contains("enables nothing here")), "{:?}", config.warnings);
     }
 
     #[test]
